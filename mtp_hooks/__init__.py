@@ -1,0 +1,82 @@
+"""mtp-hooks: decide, at every forward call, whether a Megatron-Core model runs its MTP block.
+
+Policies come from a per-phase config and from pluggy plugins implementing ``should_run_mtp``;
+:func:`attach` makes ``GPTModel`` and ``HybridModel`` consult them through public ``nn.Module``
+hooks. Importing this package has no side effects and does not import megatron-core.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from . import _phases, _policy, _roles, plugins
+from ._decision import Decision, decide, explain
+from ._errors import (
+    DecisionMismatchError,
+    MTPHooksError,
+    PluginLoadError,
+    PolicyConflictError,
+    PolicyError,
+    UnsupportedModelError,
+)
+from ._phases import Phase, current_phase, declare_phase, phase
+from ._policy import configure
+from ._roles import role_of, set_role
+from .hookspecs import hookimpl, hookspec
+from .plugins import get_plugin_manager, list_plugins, register, unregister
+
+if TYPE_CHECKING:
+    from .megatron import AttachHandle, attach, detach, freeze_mtp
+
+__all__ = [
+    "AttachHandle",
+    "Decision",
+    "DecisionMismatchError",
+    "MTPHooksError",
+    "Phase",
+    "PluginLoadError",
+    "PolicyConflictError",
+    "PolicyError",
+    "UnsupportedModelError",
+    "attach",
+    "configure",
+    "current_phase",
+    "decide",
+    "declare_phase",
+    "detach",
+    "explain",
+    "freeze_mtp",
+    "get_plugin_manager",
+    "hookimpl",
+    "hookspec",
+    "list_plugins",
+    "phase",
+    "register",
+    "reset",
+    "role_of",
+    "set_role",
+    "unregister",
+]
+
+_MEGATRON_NAMES = {"AttachHandle", "attach", "detach", "freeze_mtp"}
+
+
+def __getattr__(name: str) -> Any:
+    # The Megatron adapters import torch and megatron-core, so they load on first use only.
+    if name in _MEGATRON_NAMES:
+        from . import megatron
+
+        return getattr(megatron, name)
+    raise AttributeError(f"module 'mtp_hooks' has no attribute {name!r}")
+
+
+def reset() -> None:
+    """Return mtp-hooks to a fresh state: plugin manager, config, declared phases and roles.
+
+    Meant for tests. The next use builds a new plugin manager and reloads entry points. Hooks
+    already attached to models stay attached; remove them with ``handle.remove()``.
+    """
+    plugins._reset()
+    _policy._reset()
+    _phases._reset()
+    _roles._reset()

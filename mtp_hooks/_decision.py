@@ -1,0 +1,141 @@
+"""The combination rule: config first, then plugin votes, then the model's own default.
+
+1. If the policy config names the model's (role, phase) with ``run`` or ``skip``, that is final
+   (``decided_by="config"``). A role-scoped entry beats a plain phase entry; ``auto`` defers to 2.
+2. Otherwise every plugin votes; ``None`` abstains. Agreeing votes decide
+   (``decided_by`` lists the voters); disagreeing votes raise :class:`PolicyConflictError`.
+3. With no votes, MTP runs (``decided_by="default"``), which is what Megatron does on its own.
+
+The outcome never depends on pluggy's call order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import _phases, _policy, _roles
+from ._errors import PolicyConflictError
+from .plugins import _registry
+
+__all__ = ["Decision", "decide", "explain"]
+
+ENV_TRACE = "MTP_HOOKS_TRACE"
+logger = logging.getLogger("mtp_hooks")
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The outcome of :func:`decide` for one model and phase.
+
+    Attributes:
+        run: Whether MTP runs.
+        decided_by: ``"config"``, ``"default"``, or the comma-separated names of the plugins whose
+            (agreeing) votes decided.
+        votes: Each consulted plugin's vote (``True``, ``False`` or ``None``), by plugin name.
+            Empty when the config decided, since plugins are not consulted then.
+        phase: The phase decided for.
+        role: The model's role, or ``None``.
+        source: Where a config decision came from (``mtp_hooks.configure()``, an env var or a
+            file), else ``None``.
+    """
+
+    run: bool
+    decided_by: str
+    votes: dict[str, bool | None] = field(default_factory=dict)
+    phase: _phases.Phase | str | None = None
+    role: str | None = None
+    source: str | None = None
+
+
+def _conflict_message(role: str | None, phase: str, votes: dict[str, bool | None]) -> str:
+    listed = ", ".join(
+        f"{name}={'run' if v else 'skip'}" for name, v in sorted(votes.items()) if v is not None
+    )
+    key = f"{role}.{phase}" if role else phase
+    return (
+        f"plugins disagree on MTP for phase {phase!r}"
+        + (f" and role {role!r}" if role else "")
+        + f": {listed}. Settle it in the policy config, e.g. "
+        f"mtp_hooks.configure('{key}=run') or MTP_HOOKS_POLICY={key}=skip."
+    )
+
+
+def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
+    votes = dict(sorted(_registry().votes(model, phase)))
+    cast = {v for v in votes.values() if v is not None}
+    if len(cast) > 1:
+        raise PolicyConflictError(_conflict_message(role, str(phase), votes))
+    if cast:
+        voters = ",".join(name for name, v in votes.items() if v is not None)
+        return Decision(cast.pop(), voters, votes, phase, role)
+    return Decision(True, "default", votes, phase, role)
+
+
+def decide(model: Any, phase: _phases.Phase | str) -> Decision:
+    """Decide whether ``model`` runs MTP in ``phase``, by the combination rule above.
+
+    Args:
+        model: The model (its role is read with :func:`mtp_hooks.role_of`), or ``None``.
+        phase: A :class:`mtp_hooks.Phase` or a declared phase name.
+
+    Raises:
+        PolicyError: Unknown phase, malformed config source, or a plugin returned a non-bool.
+        PolicyConflictError: Plugins disagree and the config does not settle it.
+
+    Example:
+        >>> import mtp_hooks
+        >>> mtp_hooks.configure("eval=skip")
+        >>> mtp_hooks.decide(None, "eval").run
+        False
+    """
+    canonical = _phases.normalize(phase, "mtp_hooks.decide()")
+    role = _roles.role_of(model)
+    entry = _policy.lookup(role, str(canonical))
+    if entry is not None and entry.value != "auto":
+        decision = Decision(entry.value == "run", "config", {}, canonical, role, entry.source)
+    else:
+        decision = _plugin_decision(model, canonical, role)
+    if os.environ.get(ENV_TRACE, "") not in ("", "0"):
+        logger.info(
+            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s",
+            canonical,
+            role,
+            decision.votes,
+            decision.run,
+            decision.decided_by,
+            f" source={decision.source}" if decision.source else "",
+        )
+    return decision
+
+
+def explain(model: Any, phase: _phases.Phase | str) -> str:
+    """Return a human-readable account of :func:`decide` for ``model`` and ``phase``.
+
+    Unlike :func:`decide`, it also lists what the plugins would vote when the config decides,
+    and reports a conflict instead of raising it.
+    """
+    canonical = _phases.normalize(phase, "mtp_hooks.explain()")
+    role = _roles.role_of(model)
+    lines = [f"phase: {canonical}", f"role: {role or '-'}"]
+    entry = _policy.lookup(role, str(canonical))
+    if entry is not None:
+        lines.append(f"config: {entry.value} (from {entry.source})")
+    else:
+        lines.append("config: not set for this phase")
+    votes = dict(sorted(_registry().votes(model, canonical)))
+    for name, vote in votes.items():
+        lines.append(f"plugin {name}: {'abstain' if vote is None else 'run' if vote else 'skip'}")
+    if not votes:
+        lines.append("plugins: none registered")
+    try:
+        decision = decide(model, canonical)
+    except PolicyConflictError as exc:
+        lines.append(f"result: CONFLICT - {exc}")
+    else:
+        lines.append(
+            f"result: {'run' if decision.run else 'skip'} (decided by {decision.decided_by})"
+        )
+    return "\n".join(lines)

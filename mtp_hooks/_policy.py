@@ -1,0 +1,220 @@
+"""The per-phase policy config: parsing and validating its three sources, and merging them.
+
+Sources, highest precedence first:
+
+1. :func:`configure` (a dict, a compact string, or ``None`` to clear it);
+2. the ``MTP_HOOKS_POLICY`` environment variable (a compact string);
+3. the ``MTP_HOOKS_CONFIG`` environment variable (the path of a TOML file with a ``[policy]`` table).
+
+Sources merge key by key: an entry of a higher source replaces the same (role, phase) entry of a
+lower one. Values are ``run``, ``skip`` and ``auto`` (no opinion: the plugins decide).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from . import _phases
+from ._errors import PolicyError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+__all__ = ["configure", "parse_policy", "load_policy_file", "PolicyEntry"]
+
+ENV_POLICY = "MTP_HOOKS_POLICY"
+ENV_CONFIG = "MTP_HOOKS_CONFIG"
+VALUES = ("run", "skip", "auto")
+
+Key = tuple[str | None, str]  # (role or None, phase name)
+
+
+@dataclass(frozen=True)
+class PolicyEntry:
+    """One (role, phase) setting and where it came from."""
+
+    value: str
+    source: str
+
+
+def _value(raw: object, source: str, key: str) -> str:
+    value = raw.strip().lower() if isinstance(raw, str) else raw
+    if value not in VALUES:
+        raise PolicyError(
+            f"{source}: key {key!r} has value {raw!r}; allowed values are 'run', 'skip', 'auto'"
+        )
+    return value  # type: ignore[return-value]
+
+
+def _key(raw: object, source: str) -> Key:
+    if not isinstance(raw, str) or not raw.strip():
+        raise PolicyError(
+            f"{source}: empty key {raw!r}; keys are PHASE or ROLE.PHASE, e.g. 'eval' or "
+            "'teacher.train'"
+        )
+    text = raw.strip()
+    role, dot, phase_name = text.rpartition(".")
+    if dot and not role.isidentifier():
+        raise PolicyError(
+            f"{source}: key {raw!r} has a malformed role {role!r}; use ROLE.PHASE, e.g. "
+            "'teacher.train'"
+        )
+    phase = _phases.normalize(phase_name, f"{source}: key {raw!r}")
+    return (role or None, str(phase))
+
+
+def _add(entries: dict[Key, PolicyEntry], key: Key, raw_key: str, value: str, source: str) -> None:
+    if key in entries:
+        raise PolicyError(f"{source}: duplicate key {raw_key!r}; give each (role, phase) once")
+    entries[key] = PolicyEntry(value, source)
+
+
+def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
+    entries: dict[Key, PolicyEntry] = {}
+    for raw_key, raw_value in policy.items():
+        if raw_key == "roles":
+            if not isinstance(raw_value, Mapping):
+                raise PolicyError(
+                    f"{source}: key 'roles' must be a table of ROLE = {{PHASE = VALUE}}, "
+                    f"got {type(raw_value).__name__}"
+                )
+            for role, table in raw_value.items():
+                if not isinstance(role, str) or not role.isidentifier():
+                    raise PolicyError(f"{source}: role {role!r} in 'roles' is not an identifier")
+                if not isinstance(table, Mapping):
+                    raise PolicyError(
+                        f"{source}: key 'roles.{role}' must be a table of PHASE = VALUE, "
+                        f"got {type(table).__name__}"
+                    )
+                for phase_name, value in table.items():
+                    dotted = f"{role}.{phase_name}"
+                    key = _key(dotted, source)
+                    _add(entries, key, dotted, _value(value, source, dotted), source)
+            continue
+        key = _key(raw_key, source)
+        _add(entries, key, raw_key, _value(raw_value, source, raw_key), source)
+    return entries
+
+
+def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dict[Key, PolicyEntry]:
+    """Validate a policy given as a compact string or a mapping, and return its entries.
+
+    The compact string is ``PHASE=VALUE`` or ``ROLE.PHASE=VALUE`` items separated by commas, e.g.
+    ``"train=run,eval=skip,teacher.train=skip"``. The mapping is shaped like the TOML ``[policy]``
+    table: ``{"train": "run", "roles": {"teacher": {"train": "skip"}}}``; ``"teacher.train"``
+    keys are accepted too.
+
+    Raises:
+        PolicyError: Naming the source, the key, the bad value and the allowed values.
+    """
+    if isinstance(policy, Mapping):
+        return _from_mapping(policy, source)
+    if not isinstance(policy, str):
+        raise PolicyError(
+            f"{source}: a policy is a dict or a string like 'train=run,eval=skip', "
+            f"not {type(policy).__name__}"
+        )
+    entries: dict[Key, PolicyEntry] = {}
+    for item in policy.split(","):
+        if not item.strip():
+            continue
+        raw_key, sep, raw_value = item.partition("=")
+        if not sep:
+            raise PolicyError(
+                f"{source}: item {item.strip()!r} has no '='; write PHASE=VALUE or "
+                "ROLE.PHASE=VALUE with VALUE one of 'run', 'skip', 'auto'"
+            )
+        key = _key(raw_key, source)
+        _add(entries, key, raw_key.strip(), _value(raw_value, source, raw_key.strip()), source)
+    return entries
+
+
+def load_policy_file(path: str | os.PathLike[str]) -> dict[Key, PolicyEntry]:
+    """Read and validate the ``[policy]`` table of a TOML file."""
+    source = f"{ENV_CONFIG} file {os.fspath(path)!r}"
+    try:
+        with open(path, "rb") as fh:
+            document = tomllib.load(fh)
+    except OSError as exc:
+        raise PolicyError(f"{source}: cannot read it: {exc.strerror or exc}") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise PolicyError(f"{source}: invalid TOML: {exc}") from exc
+    policy = document.get("policy")
+    if policy is None:
+        raise PolicyError(f"{source}: no [policy] table; add one with PHASE = \"run\"|\"skip\"")
+    if not isinstance(policy, dict):
+        raise PolicyError(
+            f"{source}: key 'policy' must be a table ([policy]), got {type(policy).__name__}"
+        )
+    return parse_policy(policy, source)
+
+
+class _PolicyState:
+    """Holds the configured policy and caches the parsed environment sources."""
+
+    def __init__(self) -> None:
+        self.api: dict[Key, PolicyEntry] = {}
+        self._cache_key: tuple[object, ...] | None = None
+        self._merged: dict[Key, PolicyEntry] = {}
+
+    def merged(self) -> dict[Key, PolicyEntry]:
+        env_policy = os.environ.get(ENV_POLICY)
+        env_config = os.environ.get(ENV_CONFIG)
+        stamp: object = None
+        if env_config:
+            try:
+                st = os.stat(env_config)
+                stamp = (st.st_mtime_ns, st.st_size)
+            except OSError:
+                stamp = "missing"
+        cache_key = (id(self.api), env_policy, env_config, stamp)
+        if cache_key != self._cache_key:
+            merged: dict[Key, PolicyEntry] = {}
+            if env_config:
+                merged.update(load_policy_file(env_config))
+            if env_policy:
+                merged.update(parse_policy(env_policy, f"{ENV_POLICY}={env_policy!r}"))
+            merged.update(self.api)
+            self._merged, self._cache_key = merged, cache_key
+        return self._merged
+
+    def lookup(self, role: str | None, phase: str) -> PolicyEntry | None:
+        merged = self.merged()
+        if role is not None:
+            entry = merged.get((role, phase))
+            if entry is not None:
+                return entry
+        return merged.get((None, phase))
+
+
+_state = _PolicyState()
+
+
+def configure(policy: str | Mapping[str, Any] | None) -> None:
+    """Set the per-phase policy config (the highest-precedence source), or clear it with ``None``.
+
+    The policy is validated completely before anything changes.
+
+    Example:
+        >>> import mtp_hooks
+        >>> mtp_hooks.configure("train=run,eval=skip,rollout=skip,teacher.train=skip")
+        >>> mtp_hooks.configure({"eval": "run", "roles": {"teacher": {"train": "skip"}}})
+        >>> mtp_hooks.configure(None)
+    """
+    _state.api = {} if policy is None else parse_policy(policy, "mtp_hooks.configure()")
+
+
+def _reset() -> None:
+    global _state
+    _state = _PolicyState()
+
+
+def lookup(role: str | None, phase: str) -> PolicyEntry | None:
+    """Return the config entry for (role, phase): role-scoped first, then the plain phase."""
+    return _state.lookup(role, phase)

@@ -1,0 +1,53 @@
+"""Model roles (``"teacher"``, ``"student"``...), held weakly so a role never keeps a model alive."""
+
+from __future__ import annotations
+
+import weakref
+
+from ._errors import PolicyError
+
+__all__ = ["set_role", "role_of"]
+
+_roles: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
+
+
+def set_role(model: object, role: str | None) -> None:
+    """Give ``model`` a role that the policy config (``ROLE.PHASE``) and plugins can see.
+
+    Args:
+        model: Any weak-referenceable object, usually an ``nn.Module``.
+        role: An identifier such as ``"teacher"``, or ``None`` to clear the role.
+
+    Example:
+        >>> import torch, mtp_hooks
+        >>> teacher = torch.nn.Linear(1, 1)
+        >>> mtp_hooks.set_role(teacher, "teacher")
+        >>> mtp_hooks.role_of(teacher)
+        'teacher'
+    """
+    if role is None:
+        _roles.pop(model, None)
+        return
+    if not isinstance(role, str) or not role.isidentifier():
+        raise PolicyError(f"set_role: role {role!r} is not an identifier such as 'teacher'")
+    try:
+        _roles[model] = role
+    except TypeError as exc:
+        raise PolicyError(
+            f"set_role: {type(model).__name__} objects cannot be weakly referenced; "
+            "pass the nn.Module itself"
+        ) from exc
+
+
+def role_of(model: object) -> str | None:
+    """Return the role given to ``model`` by :func:`set_role` or ``attach(role=...)``, or ``None``."""
+    if model is None:
+        return None
+    try:
+        return _roles.get(model)
+    except TypeError:
+        return None
+
+
+def _reset() -> None:
+    _roles.clear()

@@ -1,0 +1,90 @@
+"""The ``mtp-hooks`` command line: ``plugins``, ``explain``, ``check-config`` and ``demo``.
+
+Errors print one line, ``mtp-hooks: error: ...``, and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+
+from . import _decision, _policy, _roles, plugins
+from ._errors import MTPHooksError
+
+__all__ = ["main"]
+
+
+class _RoleOnly:
+    """A stand-in model that carries only a role, for ``explain --role``."""
+
+
+def _cmd_plugins(args: argparse.Namespace) -> int:
+    infos = plugins.list_plugins()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(i) for i in infos], indent=2))
+        return 0
+    if not infos:
+        print("no mtp_hooks plugins registered")
+    for info in infos:
+        dist = f"{info.distribution} {info.version}" if info.distribution else "(not installed)"
+        state = "BLOCKED" if info.blocked else ", ".join(info.hooks) or "no hooks"
+        print(f"{info.name:30} {dist:40} {state}")
+    return 0
+
+
+def _cmd_explain(args: argparse.Namespace) -> int:
+    model = None
+    if args.role:
+        model = _RoleOnly()
+        _roles.set_role(model, args.role)
+    print(_decision.explain(model, args.phase))
+    return 0
+
+
+def _cmd_check_config(args: argparse.Namespace) -> int:
+    entries = _policy.load_policy_file(args.file)
+    for (role, phase), entry in sorted(entries.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
+        print(f"{role + '.' if role else ''}{phase} = {entry.value}")
+    print(f"{args.file}: valid ({len(entries)} entries)")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(policy=args.policy, models=args.models)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mtp-hooks", description="Decide per forward call whether Megatron runs MTP."
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("plugins", help="list registered and blocked plugins")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_plugins)
+    p = sub.add_parser("explain", help="explain the decision for a phase (and role)")
+    p.add_argument("--phase", required=True)
+    p.add_argument("--role", default=None)
+    p.set_defaults(func=_cmd_explain)
+    p = sub.add_parser("check-config", help="validate a TOML policy file")
+    p.add_argument("file")
+    p.set_defaults(func=_cmd_check_config)
+    p = sub.add_parser("demo", help="run MTP policies on tiny real megatron-core models (CPU)")
+    p.add_argument("--policy", default="train=run,eval=skip,rollout=skip")
+    p.add_argument("--models", default="gpt,hybrid", help="comma-separated: gpt,hybrid")
+    p.set_defaults(func=_cmd_demo)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit status."""
+    args = _parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except MTPHooksError as exc:
+        print(f"mtp-hooks: error: {exc}", file=sys.stderr)
+        return 2

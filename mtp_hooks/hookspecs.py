@@ -1,0 +1,75 @@
+"""The hooks a plugin can implement, and the pluggy markers for the project name ``mtp_hooks``.
+
+A plugin is any module or object with functions decorated by :data:`hookimpl`. Register it with
+:func:`mtp_hooks.register`, or ship it as an entry point in the ``mtp_hooks`` group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pluggy
+
+__all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
+
+PROJECT_NAME = "mtp_hooks"
+hookspec = pluggy.HookspecMarker(PROJECT_NAME)
+hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
+
+
+@hookspec
+def should_run_mtp(model: Any, phase: Any) -> bool | None:
+    """Vote on whether ``model`` runs its MTP block in ``phase``.
+
+    Called at every gated forward call of an attached model (and by :func:`mtp_hooks.decide`),
+    unless the policy config already answers for the model's (role, phase). Every plugin votes;
+    pluggy's call order never matters.
+
+    Args:
+        model: The Megatron language model about to run (a ``GPTModel`` or ``HybridModel``), or
+            ``None`` when a policy is explained without a model (``mtp-hooks explain``).
+        phase: A :class:`mtp_hooks.Phase` member or a declared custom phase name (a ``str``).
+            ``Phase`` members compare equal to their string values.
+
+    Returns:
+        ``True`` to run MTP, ``False`` to skip it, ``None`` to abstain. If the non-``None`` votes
+        disagree, :class:`mtp_hooks.PolicyConflictError` is raised; with no votes, MTP runs.
+
+    The answer must be a deterministic function of state that every rank shares (config, phase,
+    step counter), never of rank-local state such as timing or randomness: ranks of one model
+    replica must agree. Use :func:`mtp_hooks.role_of` to tell teacher and student apart.
+
+    Example:
+        .. code-block:: python
+
+            from mtp_hooks import Phase, hookimpl, role_of
+
+            class TrainStudentOnly:
+                @hookimpl
+                def should_run_mtp(self, model, phase):
+                    if role_of(model) == "teacher":
+                        return False
+                    return phase == Phase.TRAIN
+    """
+
+
+@hookspec
+def declare_phases() -> Iterable[str]:
+    """Declare custom phase names (beyond ``train``, ``eval`` and ``rollout``) that a plugin uses.
+
+    Declared phases are accepted by :func:`mtp_hooks.phase`, :func:`mtp_hooks.decide` and the
+    policy config, exactly like phases declared with :func:`mtp_hooks.declare_phase`.
+
+    Returns:
+        An iterable of identifiers.
+
+    Example:
+        .. code-block:: python
+
+            from mtp_hooks import hookimpl
+
+            @hookimpl
+            def declare_phases():
+                return ["distill", "ref_logprob"]
+    """

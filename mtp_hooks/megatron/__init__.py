@@ -1,0 +1,11 @@
+"""Megatron-Core adapters: gate the MTP block of ``GPTModel`` and ``HybridModel`` per forward call.
+
+Importing this subpackage imports torch but not megatron-core; megatron-core is imported when a
+model is attached.
+"""
+
+from __future__ import annotations
+
+from ._attach import AttachHandle, attach, detach, freeze_mtp
+
+__all__ = ["AttachHandle", "attach", "detach", "freeze_mtp"]

@@ -1,0 +1,150 @@
+"""``attach``/``detach``: install the MTP gate on every language model inside a (wrapped) model."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from typing import Any
+
+import torch
+
+from .. import _roles
+from .._errors import PolicyError, UnsupportedModelError
+from . import _capabilities, _distributed
+from ._gate import MTPGate
+
+__all__ = ["AttachHandle", "attach", "detach", "freeze_mtp"]
+
+ENV_VERIFY = "MTP_HOOKS_VERIFY"
+_attached: weakref.WeakKeyDictionary[torch.nn.Module, AttachHandle] = weakref.WeakKeyDictionary()
+
+
+class AttachHandle:
+    """The hooks :func:`attach` installed; remove them with :meth:`remove`.
+
+    Attributes:
+        models: The language models found (with or without MTP on this rank).
+        gated: The subset that carries MTP on this rank and is gated.
+        role: The role given at attach time, or ``None``.
+    """
+
+    def __init__(self, models: list[torch.nn.Module], gates: list[MTPGate], role: str | None):
+        self.models = models
+        self.gates = gates
+        self.gated = [g.model for g in gates]
+        self.role = role
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Counts of MTP runs and skips by phase, summed over the gated models.
+
+        Example: ``{"train": {"run": 3}, "eval": {"skip": 1}, "inference": {"untouched": 2}}``.
+        """
+        out: dict[str, dict[str, int]] = {}
+        for gate in self.gates:
+            for phase, counts in gate.stats().items():
+                for what, n in counts.items():
+                    out.setdefault(phase, {})[what] = out.get(phase, {}).get(what, 0) + n
+        return out
+
+    def remove(self) -> None:
+        """Remove every hook; the models are exactly as before :func:`attach`."""
+        for gate in self.gates:
+            gate.remove()
+        for model in self.models:
+            if _attached.get(model) is self:
+                del _attached[model]
+                if self.role is not None and _roles.role_of(model) == self.role:
+                    _roles.set_role(model, None)
+        self.gates = []
+        self.gated = []
+
+    def __enter__(self) -> AttachHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        names = ", ".join(type(m).__name__ for m in self.gated) or "nothing"
+        return f"<AttachHandle gating {names} role={self.role!r}>"
+
+
+def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -> AttachHandle:
+    """Make ``model`` consult ``should_run_mtp`` and the policy config at every forward call.
+
+    Args:
+        model: A ``GPTModel``/``HybridModel``/``MambaModel``, a wrapper of one with a ``.module``
+            chain (Megatron DDP, Float16Module, torch DDP), or a list of virtual-pipeline chunks.
+            Chunks without MTP on this rank are accepted and left untouched. Pass the DDP wrapper
+            when it uses ``overlap_param_gather`` so skipped forwards can settle its gathers.
+        role: A role (``"teacher"``, ``"student"``) for ``ROLE.PHASE`` config keys and plugins.
+        verify: Check each decision across ranks (one small all-gather per forward); defaults
+            to the ``MTP_HOOKS_VERIFY`` environment variable.
+
+    Returns:
+        An :class:`AttachHandle`. Attaching an already attached model returns its handle.
+
+    Raises:
+        UnsupportedModelError: An unsupported type, a compiled model, or a Megatron mode that
+            bypasses forward hooks. The model is left untouched.
+
+    Example:
+        >>> handle = mtp_hooks.attach(model, role="student")  # doctest: +SKIP
+        >>> mtp_hooks.configure("train=run,eval=skip,rollout=skip")  # doctest: +SKIP
+        >>> handle.remove()  # doctest: +SKIP
+    """
+    models, wrappers = _capabilities.unwrap(model)
+    existing = {id(h): h for m in models if (h := _attached.get(m)) is not None}
+    if existing:
+        handle = next(iter(existing.values()))
+        if len(existing) > 1 or set(map(id, handle.models)) != set(map(id, models)):
+            raise UnsupportedModelError(
+                "mtp_hooks.attach: some of these model chunks are already attached through "
+                "another handle; detach them first"
+            )
+        if role is not None and role != handle.role:
+            raise UnsupportedModelError(
+                f"mtp_hooks.attach: model already attached with role {handle.role!r}; call "
+                f"handle.remove() before attaching it with role {role!r}"
+            )
+        return handle
+    if verify is None:
+        verify = os.environ.get(ENV_VERIFY, "").strip().lower() in {"1", "true", "yes", "on"}
+    if role is not None and not (isinstance(role, str) and role.isidentifier()):
+        raise PolicyError(f"mtp_hooks.attach: role {role!r} is not an identifier such as 'teacher'")
+    # Build every gate (which validates the config) before changing anything on the models.
+    gates = [MTPGate(m, wrappers, verify) for m in models if _capabilities.has_mtp(m)]
+    for m in models:
+        if role is not None:
+            _roles.set_role(m, role)
+    for gate in gates:
+        gate.install()
+    handle = AttachHandle(models, gates, role)
+    for m in models:
+        _attached[m] = handle
+    return handle
+
+
+def detach(model: Any) -> None:
+    """Remove the hooks :func:`attach` installed on ``model`` (a no-op if it is not attached)."""
+    models, _ = _capabilities.unwrap(model)
+    for handle in {id(h): h for m in models if (h := _attached.get(m))}.values():
+        handle.remove()
+
+
+def freeze_mtp(model: Any) -> list[str]:
+    """Freeze the MTP weights: ``requires_grad=False`` on every MTP-only parameter.
+
+    MTP-only parameters are ``mtp.*`` plus the embedding copy on an MTP pipeline stage without
+    ``pre_process``. The weights stay in ``state_dict`` and checkpoints, bit-identical across
+    optimizer steps. Call it before wrapping the model in DDP, so the MTP parameters never enter
+    the gradient buckets.
+
+    Returns:
+        The frozen parameter names.
+
+    Raises:
+        UnsupportedModelError: The model is already wrapped in DDP.
+    """
+    models, wrappers = _capabilities.unwrap(model)
+    return _distributed.freeze_mtp_parameters(models, wrappers)

@@ -1,0 +1,147 @@
+"""What the installed megatron-core can do, and what a given model is, detected without versions.
+
+Every check here uses ``inspect.signature``, ``hasattr`` or an import that may fail; no version
+string is ever parsed.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any
+
+import torch
+
+from .._errors import UnsupportedModelError
+
+__all__ = [
+    "language_model_classes",
+    "native_flag",
+    "inference_arg_index",
+    "inference_mode_active",
+    "unwrap",
+]
+
+NATIVE_FLAG = "compute_mtp_loss"
+
+
+@functools.lru_cache(maxsize=1)
+def language_model_classes() -> tuple[type, ...]:
+    """The megatron-core model classes that can carry MTP: GPTModel, HybridModel, MambaModel."""
+    classes: list[type] = []
+    try:
+        from megatron.core.models.gpt import GPTModel
+    except ImportError as exc:
+        raise UnsupportedModelError(
+            "mtp_hooks.attach needs megatron-core; install it with pip install 'mtp-hooks[megatron]'"
+        ) from exc
+    classes.append(GPTModel)
+    try:
+        from megatron.core.models.hybrid.hybrid_model import HybridModel
+
+        classes.append(HybridModel)
+    except ImportError:
+        pass
+    try:
+        from megatron.core.models.mamba import MambaModel
+
+        classes.append(MambaModel)
+    except ImportError:
+        pass
+    return tuple(classes)
+
+
+@functools.lru_cache(maxsize=None)
+def native_flag(cls: type) -> bool:
+    """Whether ``cls.forward`` accepts the native ``compute_mtp_loss`` keyword (Megatron-LM main)."""
+    return NATIVE_FLAG in inspect.signature(cls.forward).parameters
+
+
+@functools.lru_cache(maxsize=None)
+def inference_arg_index(cls: type) -> dict[str, int | None]:
+    """Positional index (after ``self``) of each inference-context argument of ``cls.forward``."""
+    params = list(inspect.signature(cls.forward).parameters.values())[1:]
+    out: dict[str, int | None] = {}
+    for name in ("inference_context", "inference_params"):
+        out[name] = None
+        for i, p in enumerate(params):
+            if p.name == name:
+                positional = p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                out[name] = i if positional else -1
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _inference_mode() -> Any:
+    try:
+        from megatron.core.inference.utils import InferenceMode
+    except ImportError:
+        return None
+    return InferenceMode if hasattr(InferenceMode, "is_active") else None
+
+
+def inference_mode_active() -> bool:
+    """Whether megatron's process-wide ``InferenceMode`` flag is set (0.18+; False before)."""
+    mode = _inference_mode()
+    return bool(mode is not None and mode.is_active())
+
+
+def has_inference_context(cls: type, args: tuple, kwargs: dict) -> bool:
+    """Whether a forward call passes an inference context, positionally or by keyword."""
+    for name, index in inference_arg_index(cls).items():
+        if kwargs.get(name) is not None:
+            return True
+        if index is not None and 0 <= index < len(args) and args[index] is not None:
+            return True
+    return False
+
+
+def has_mtp(model: Any) -> bool:
+    """Whether this rank's model runs an MTP block (``mtp_process`` and ``mtp_num_layers``)."""
+    config = getattr(model, "config", None)
+    return bool(getattr(model, "mtp_process", False)) and bool(
+        getattr(config, "mtp_num_layers", None)
+    )
+
+
+def unwrap(model: Any) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
+    """Find the language models inside ``model``.
+
+    Args:
+        model: A GPTModel/HybridModel, a wrapper with a ``.module`` chain (Megatron DDP,
+            Float16Module, torch DDP), or a list/tuple of virtual-pipeline chunks.
+
+    Returns:
+        ``(language models, wrappers seen on the way)``.
+
+    Raises:
+        UnsupportedModelError: Naming the supported types, or refusing a compiled model.
+    """
+    classes = language_model_classes()
+    chunks = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not chunks:
+        raise UnsupportedModelError("mtp_hooks.attach: got an empty list of model chunks")
+    found: list[torch.nn.Module] = []
+    wrappers: list[torch.nn.Module] = []
+    for chunk in chunks:
+        obj = chunk
+        while not isinstance(obj, classes):
+            if hasattr(obj, "_orig_mod"):
+                raise UnsupportedModelError(
+                    "mtp_hooks.attach: got a torch.compile'd model; forward hooks with "
+                    "always_call=True do not run under torch.compile when forward raises, so "
+                    "the MTP gates could stay toggled. Attach to the uncompiled model and do "
+                    "not wrap it in torch.compile."
+                )
+            inner = getattr(obj, "module", None)
+            if not isinstance(inner, torch.nn.Module):
+                names = ", ".join(c.__name__ for c in classes)
+                raise UnsupportedModelError(
+                    f"mtp_hooks.attach: {type(chunk).__name__} is not supported; pass a "
+                    f"megatron-core {names}, a wrapper of one with a .module chain (Megatron DDP, "
+                    "Float16Module, torch DDP), or a list of virtual-pipeline chunks"
+                )
+            wrappers.append(obj)
+            obj = inner
+        found.append(obj)
+    return found, wrappers

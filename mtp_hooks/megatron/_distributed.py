@@ -1,0 +1,190 @@
+"""What a skipped forward owes the distributed machinery: DDP gradients, param gathers, agreement.
+
+* **Megatron DDP with ``overlap_grad_reduce``** waits, in the synchronising microbatch, for a
+  gradient of every parameter that requires one. A skipped forward therefore attaches a
+  zero-valued autograd dependency on every MTP-only parameter to the model output, so each gets
+  a zero gradient and its bucket is issued (hazards note, section 4).
+* **``overlap_param_gather``** starts all-gathers from forward pre-hooks; a skipped MTP block
+  would leave its bucket group's gather outstanding, so it is finished here.
+* **Rank agreement** (``verify=True`` or ``MTP_HOOKS_VERIFY=1``) checks each decision with one
+  small all-gather and raises :class:`DecisionMismatchError` on every rank on a mismatch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .._errors import DecisionMismatchError, UnsupportedModelError
+
+if TYPE_CHECKING:
+    from .._decision import Decision
+    from ._gate import MTPGate
+
+__all__ = [
+    "mtp_only_parameters",
+    "refuse_unsupported_config",
+    "after_skipped_forward",
+    "verify_agreement",
+    "freeze_mtp_parameters",
+]
+
+
+def mtp_only_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+    """``mtp.*`` parameters, plus the embedding copy on an MTP stage without ``pre_process``."""
+    params = [(f"mtp.{n}", p) for n, p in model.mtp.named_parameters()]
+    if not getattr(model, "pre_process", True) and hasattr(model, "embedding"):
+        params += [(f"embedding.{n}", p) for n, p in model.embedding.named_parameters()]
+    return params
+
+
+def refuse_unsupported_config(config: Any) -> None:
+    """Refuse, at attach time, execution paths that never call ``Module.__call__``."""
+    if getattr(config, "overlap_moe_expert_parallel_comm", False):
+        raise UnsupportedModelError(
+            "mtp_hooks.attach: overlap_moe_expert_parallel_comm=True runs the combined 1F1B "
+            "schedule, which calls the model through build_schedule_plan and never runs forward "
+            "hooks, so MTP could not be gated. Set overlap_moe_expert_parallel_comm=False to use "
+            "mtp-hooks."
+        )
+    impl = getattr(config, "cuda_graph_impl", "none")
+    scope = getattr(config, "cuda_graph_scope", None)
+    scopes = scope if isinstance(scope, (list, tuple)) else [scope]
+    if impl == "full_iteration" or any("full_iteration" in str(s) for s in scopes):
+        raise UnsupportedModelError(
+            "mtp_hooks.attach: full-iteration CUDA graphs (cuda_graph_impl='full_iteration') "
+            "replay the whole iteration without calling the model, so forward hooks never run. "
+            "Use cuda_graph_impl='none' or 'local' with a constant MTP policy."
+        )
+
+
+class _ZeroGradDependency(torch.autograd.Function):
+    """Returns ``output`` unchanged; in backward, gives each extra input a zero gradient."""
+
+    @staticmethod
+    def forward(ctx: Any, output: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
+        ctx.param_meta = [(p.shape, p.dtype, p.device) for p in params]
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        zeros = tuple(
+            torch.zeros((), dtype=dtype, device=device).expand(shape)
+            for shape, dtype, device in ctx.param_meta
+        )
+        return (grad_output, *zeros)
+
+
+def _megatron_ddps(wrappers: list[torch.nn.Module]) -> list[Any]:
+    return [w for w in wrappers if hasattr(w, "param_to_bucket_group") and hasattr(w, "ddp_config")]
+
+
+def _needs_zero_grads(gate: MTPGate, params: list[torch.nn.Parameter]) -> bool:
+    if not params or not torch.is_grad_enabled():
+        return False
+    if hasattr(params[0], "main_grad"):  # set on every parameter by Megatron DDP
+        return True
+    return any(isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in gate.wrappers)
+
+
+def after_skipped_forward(gate: MTPGate, output: Any) -> Any:
+    """Settle param gathers and gradient buckets for the MTP parameters a skip left unused."""
+    for ddp in _megatron_ddps(gate.wrappers):
+        if getattr(ddp.ddp_config, "overlap_param_gather", False) and getattr(
+            ddp, "use_forward_hook", False
+        ):
+            groups = {id(g): g for _, p in gate.mtp_params if (g := ddp.param_to_bucket_group.get(p))}
+            for group in groups.values():
+                group.finish_param_sync(skip_next_bucket_dispatch=True)
+    params = [p for _, p in gate.mtp_params if p.requires_grad]
+    if not _needs_zero_grads(gate, params):
+        return None
+    if not (torch.is_tensor(output) and output.requires_grad):
+        from ._gate import warn_once
+
+        warn_once(
+            "mtp_hooks: MTP was skipped under DDP but the model output is not a tensor that "
+            "requires grad, so the MTP parameters get no zero gradient; with "
+            "overlap_grad_reduce=True the grad sync may fail. Use mtp_hooks.freeze_mtp(model) "
+            "before wrapping in DDP to take MTP out of the gradient buckets."
+        )
+        return None
+    from megatron.core.utils import make_viewless_tensor
+
+    out = _ZeroGradDependency.apply(output, *params)
+    return make_viewless_tensor(out, requires_grad=True, keep_graph=True)
+
+
+def _groups(phase: Any) -> Any:
+    try:
+        from megatron.core import parallel_state as ps
+
+        if not ps.model_parallel_is_initialized():
+            return None
+        if str(phase) == "train":
+            return ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
+        return ps.get_tensor_and_context_parallel_group()
+    except (ImportError, AssertionError, AttributeError):
+        return None
+
+
+def verify_agreement(decision: Decision, phase: Any) -> None:
+    """Check with one all-gather that every rank that must agree reached the same decision.
+
+    The ranks are this stage's tensor- and context-parallel peers, plus the data-parallel peers
+    in training (their gradient buckets must match). On a mismatch, every rank gathers the
+    details and raises :class:`DecisionMismatchError`; no rank is left waiting.
+    """
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    group = _groups(phase)
+    size = dist.get_world_size(group)
+    if size == 1:
+        return
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if dist.get_backend(group) == "nccl"
+        else torch.device("cpu")
+    )
+    mine = torch.tensor([1 if decision.run else 0], dtype=torch.int32, device=device)
+    votes = [torch.empty_like(mine) for _ in range(size)]
+    dist.all_gather(votes, mine, group=group)
+    if len({int(v.item()) for v in votes}) == 1:
+        return
+    details: list[Any] = [None] * size
+    me = (dist.get_rank(), decision.run, decision.decided_by)
+    dist.all_gather_object(details, me, group=group)
+    listed = "; ".join(
+        f"rank {r}: {'run' if run else 'skip'} (decided by {by})" for r, run, by in details
+    )
+    raise DecisionMismatchError(
+        f"ranks disagree on MTP for phase {str(phase)!r}: {listed}. Policies must be "
+        "deterministic functions of state every rank shares (phase, config, step); fix the "
+        "rank-dependent plugin or set this phase in the policy config."
+    )
+
+
+def freeze_mtp_parameters(models: list[torch.nn.Module], wrappers: list[torch.nn.Module]) -> list[str]:
+    """Set ``requires_grad=False`` on every MTP-only parameter; refuse already wrapped models."""
+    if wrappers or any(
+        hasattr(p, "main_grad") for m in models if _has_mtp(m) for _, p in mtp_only_parameters(m)
+    ):
+        raise UnsupportedModelError(
+            "mtp_hooks.freeze_mtp must be called before the model is wrapped in DDP: the wrapper "
+            "has already put the MTP parameters in its gradient buckets. Call freeze_mtp on the "
+            "bare GPTModel/HybridModel, then wrap it."
+        )
+    frozen = []
+    for model in models:
+        if not _has_mtp(model):
+            continue
+        for name, param in mtp_only_parameters(model):
+            param.requires_grad_(False)
+            frozen.append(name)
+    return frozen
+
+
+def _has_mtp(model: torch.nn.Module) -> bool:
+    return hasattr(model, "mtp") and bool(getattr(model, "mtp_process", False))

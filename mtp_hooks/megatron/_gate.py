@@ -1,0 +1,177 @@
+"""The per-model gate: a forward pre-hook that applies a decision and a forward hook that undoes it.
+
+For one forward call of a ``GPTModel``/``HybridModel`` whose decision is *skip*, the gate either
+passes the native ``compute_mtp_loss=False`` keyword, or turns off the two instance gates
+Megatron reads: ``model.mtp_process`` and ``model.config.mtp_num_layers`` (through a shallow copy
+of the config, never the shared object). The forward hook, registered first and with
+``always_call=True``, restores both before anything else, also when forward raises.
+
+Each call pushes exactly one frame, so nested and re-entrant forwards restore in LIFO order.
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections import Counter
+from typing import Any
+
+import torch
+
+from .. import _decision, _phases
+from .._errors import UnsupportedModelError
+from . import _capabilities, _distributed
+
+__all__ = ["MTPGate"]
+
+# A frame is (restore, mtp_process, config, skipped).
+_NOTHING = (False, None, None, False)
+_NATIVE_SKIP = (False, None, None, True)
+
+
+class MTPGate:
+    """Consults the policy at every forward of one language model and gates its MTP block."""
+
+    def __init__(self, model: torch.nn.Module, wrappers: list[torch.nn.Module], verify: bool):
+        self.model = model
+        self.cls = type(model)
+        self.native = _capabilities.native_flag(self.cls)
+        self.tied_hazard = (
+            not self.native
+            and not getattr(model, "pre_process", True)
+            and bool(getattr(model, "share_embeddings_and_output_weights", False))
+        )
+        self.verify = verify
+        self.wrappers = wrappers
+        self.mtp_params = _distributed.mtp_only_parameters(model)
+        self.frames: list[tuple[bool, Any, Any, bool]] = []
+        self.base: tuple[Any, Any] = (model.mtp_process, model.config)
+        self.counts: Counter[tuple[str, str]] = Counter()
+        self.last_run: bool | None = None
+        self._skip_config: Any = None
+        self._skip_config_of: Any = None
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        _distributed.refuse_unsupported_config(model.config)
+
+    # -- hook registration -------------------------------------------------------------------
+    def install(self) -> None:
+        """Register the two hooks on the model, ahead of any other hook of the model."""
+        self.handles = [
+            self.model.register_forward_pre_hook(self.pre_hook, with_kwargs=True, prepend=True),
+            self.model.register_forward_hook(
+                self.post_hook, with_kwargs=True, always_call=True, prepend=True
+            ),
+        ]
+
+    def remove(self) -> None:
+        """Remove both hooks; restores the gates too if called in the middle of a forward."""
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+        if self.frames:
+            self.model.mtp_process, self.model.config = self.base
+            self.frames.clear()
+
+    # -- the hooks -----------------------------------------------------------------------------
+    def pre_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        self.frames.append(_NOTHING)  # popped by post_hook even if anything below raises
+        if _capabilities.inference_mode_active() or _capabilities.has_inference_context(
+            self.cls, args, kwargs
+        ):
+            self.counts[("inference", "untouched")] += 1
+            return None
+        if torch.compiler.is_compiling():
+            raise UnsupportedModelError(
+                "mtp_hooks: a gated model is running under torch.compile, where forward hooks "
+                "with always_call=True do not run when forward raises. Run it uncompiled, or "
+                "mtp_hooks.detach() it first."
+            )
+        if len(self.frames) == 1:
+            self.base = (module.mtp_process, module.config)
+        base_mtp_process, base_config = self.base
+        if not base_mtp_process or not getattr(base_config, "mtp_num_layers", None):
+            return None  # MTP already off for this model (by someone else): nothing to decide
+        phase = _phases.current_phase()
+        if phase is None:
+            training = module.training and torch.is_grad_enabled()
+            phase = _phases.Phase.TRAIN if training else _phases.Phase.EVAL
+        decision = _decision.decide(module, phase)
+        if self.verify:
+            _distributed.verify_agreement(decision, phase)
+        self._check_cuda_graphs(decision.run)
+        if decision.run:
+            self.counts[(str(phase), "run")] += 1
+            if module.mtp_process is base_mtp_process and module.config is base_config:
+                return None
+            self.frames[-1] = (True, module.mtp_process, module.config, False)
+            module.mtp_process, module.config = base_mtp_process, base_config
+            return None
+        if self.native:
+            self.counts[(str(phase), "skip")] += 1
+            self.frames[-1] = _NATIVE_SKIP
+            return args, {**kwargs, _capabilities.NATIVE_FLAG: False}
+        if self.tied_hazard:
+            raise UnsupportedModelError(
+                "mtp_hooks: cannot skip MTP on this pipeline stage: it has MTP, no pre_process "
+                "and share_embeddings_and_output_weights=True, and this megatron-core has no "
+                "native compute_mtp_loss flag. Turning mtp_process off would switch the output "
+                "layer to an unsynced weight and silently change the loss. Use a policy that "
+                "runs MTP here, set share_embeddings_and_output_weights=False, or upgrade to a "
+                "megatron-core whose HybridModel.forward accepts compute_mtp_loss."
+            )
+        self.counts[(str(phase), "skip")] += 1
+        self.frames[-1] = (True, module.mtp_process, module.config, True)
+        module.mtp_process = False
+        module.config = self._config_without_mtp(base_config)
+        return None
+
+    def post_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        restore, mtp_process, config, skipped = self.frames.pop() if self.frames else _NOTHING
+        if restore:
+            module.mtp_process = mtp_process
+            module.config = config
+        if skipped and output is not None:
+            return _distributed.after_skipped_forward(self, output)
+        return None
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _config_without_mtp(self, base_config: Any) -> Any:
+        """A shallow copy of ``base_config`` with ``mtp_num_layers=None``, refreshed every call."""
+        skip = self._skip_config
+        if skip is None or self._skip_config_of is not base_config:
+            skip = copy.copy(base_config)
+            self._skip_config, self._skip_config_of = skip, base_config
+        else:
+            skip.__dict__.update(base_config.__dict__)
+        skip.mtp_num_layers = None
+        return skip
+
+    def _check_cuda_graphs(self, run: bool) -> None:
+        config = self.base[1]
+        impl = getattr(config, "cuda_graph_impl", "none")
+        if getattr(config, "enable_cuda_graph", False) or impl in ("local", "transformer_engine"):
+            if self.last_run is not None and self.last_run != run:
+                raise UnsupportedModelError(
+                    f"mtp_hooks: the MTP decision changed from {'run' if self.last_run else 'skip'}"
+                    f" to {'run' if run else 'skip'} on a model with CUDA graphs "
+                    f"(cuda_graph_impl={impl!r}); a graph recorded one way fails the other way "
+                    "('no matching cudagraph runners'). Keep the policy constant for this model, "
+                    "or set cuda_graph_impl='none'."
+                )
+        self.last_run = run
+
+    def stats(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for (phase, what), n in sorted(self.counts.items()):
+            out.setdefault(phase, {})[what] = n
+        return out
+
+
+def warn_once(message: str) -> None:
+    """Emit ``message`` as a RuntimeWarning once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+_warned: set[str] = set()

@@ -1,0 +1,245 @@
+"""The plugin registry: a lazily built ``pluggy.PluginManager`` behind one typed facade.
+
+Nothing here runs at import time. The manager is created, and entry points of the ``mtp_hooks``
+group are loaded, on first use. Callers go through :class:`PluginRegistry`, never ``pm.hook``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from . import hookspecs
+from ._errors import PluginLoadError, PolicyError
+
+__all__ = [
+    "PluginInfo",
+    "PluginRegistry",
+    "get_plugin_manager",
+    "register",
+    "unregister",
+    "list_plugins",
+]
+
+ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
+ENV_DISABLE = "MTP_HOOKS_DISABLE"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """What ``mtp-hooks plugins`` reports for one plugin."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+    blocked: bool = False
+
+
+def _truthy(value: str | None) -> bool:
+    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def _blocked_names() -> list[str]:
+    return [n.strip() for n in os.environ.get(ENV_DISABLE, "").split(",") if n.strip()]
+
+
+class PluginRegistry:
+    """Typed facade over the plugin manager; the only code that calls hooks."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self._dists: dict[str, tuple[str, str]] = {}
+        self._blocked_eps: dict[str, tuple[str | None, str | None]] = {}
+        self._phases: frozenset[str] | None = None
+        for name in _blocked_names():
+            self.pm.set_blocked(name)
+
+    # -- loading -----------------------------------------------------------------------------
+    def load_entry_points(self) -> None:
+        """Load every ``mtp_hooks`` entry point; on any failure, register none of them."""
+        loaded: list[str] = []
+        try:
+            for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME):
+                dist = getattr(ep, "dist", None)
+                dist_name = dist.metadata["Name"] if dist is not None else None
+                dist_version = dist.version if dist is not None else None
+                if self.pm.is_blocked(ep.name):
+                    self._blocked_eps[ep.name] = (dist_name, dist_version)
+                    continue
+                if self.pm.get_plugin(ep.name) is not None:
+                    continue
+                try:
+                    plugin = ep.load()
+                    if inspect.isclass(plugin):
+                        plugin = plugin()
+                    self.pm.register(plugin, name=ep.name)
+                except Exception as exc:
+                    raise PluginLoadError(
+                        f"mtp_hooks plugin {ep.name!r} (entry point {ep.value!r} of distribution "
+                        f"{dist_name or '?'} {dist_version or '?'}) failed to load: "
+                        f"{type(exc).__name__}: {exc}. Fix or uninstall it, or disable it with "
+                        f"{ENV_DISABLE}={ep.name} (or {ENV_DISABLE_AUTOLOAD}=1 for all plugins)."
+                    ) from exc
+                loaded.append(ep.name)
+                if dist_name is not None:
+                    self._dists[ep.name] = (dist_name, dist_version or "?")
+            self.check_pending()
+        except PluginLoadError:
+            for name in loaded:
+                self.pm.unregister(name=name)
+                self._dists.pop(name, None)
+            raise
+
+    def check_pending(self) -> None:
+        """Raise :class:`PluginLoadError` for a hookimpl that matches no hookspec (a typo)."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
+            dist = self._dists.get(name)
+            origin = f" (distribution {dist[0]} {dist[1]})" if dist else ""
+            raise PluginLoadError(
+                f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not define: "
+                f"{exc}. Known hooks: should_run_mtp, declare_phases. Fix the name, or disable "
+                f"the plugin with {ENV_DISABLE}={name}."
+            ) from exc
+
+    # -- registration ------------------------------------------------------------------------
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register ``plugin`` and validate its hooks; nothing stays registered on failure."""
+        if name is not None and self.pm.is_blocked(name):
+            raise PluginLoadError(
+                f"mtp_hooks plugin {name!r} is blocked by {ENV_DISABLE}; unset it to register"
+            )
+        try:
+            registered = self.pm.register(plugin, name=name)
+        except ValueError as exc:
+            raise PluginLoadError(f"cannot register mtp_hooks plugin {name!r}: {exc}") from exc
+        except pluggy.PluginValidationError as exc:
+            raise PluginLoadError(f"invalid mtp_hooks plugin {name!r}: {exc}") from exc
+        assert registered is not None
+        try:
+            self.check_pending()
+        except PluginLoadError:
+            self.pm.unregister(plugin)
+            raise
+        self._phases = None
+        return registered
+
+    def unregister(self, name_or_plugin: str | object) -> None:
+        """Unregister a plugin given by name or by object; unknown ones raise ``PolicyError``."""
+        if isinstance(name_or_plugin, str):
+            found = self.pm.get_plugin(name_or_plugin)
+            if found is None:
+                raise PolicyError(f"unregister: no plugin named {name_or_plugin!r} is registered")
+            self.pm.unregister(name=name_or_plugin)
+            self._dists.pop(name_or_plugin, None)
+        else:
+            name = self.pm.get_name(name_or_plugin)
+            if name is None:
+                raise PolicyError(f"unregister: {name_or_plugin!r} is not registered")
+            self.pm.unregister(name_or_plugin)
+            self._dists.pop(name, None)
+        self._phases = None
+
+    # -- hook calls --------------------------------------------------------------------------
+    def votes(self, model: Any, phase: Any) -> list[tuple[str, bool | None]]:
+        """Call ``should_run_mtp`` on every plugin and return ``(plugin name, vote)`` pairs."""
+        kwargs = {"model": model, "phase": phase}
+        out: list[tuple[str, bool | None]] = []
+        for impl in self.pm.hook.should_run_mtp.get_hookimpls():
+            vote = impl.function(*[kwargs[a] for a in impl.argnames])
+            if vote is not None and not isinstance(vote, bool):
+                raise PolicyError(
+                    f"plugin {impl.plugin_name!r}: should_run_mtp returned {vote!r}; "
+                    "it must return True (run), False (skip) or None (abstain)"
+                )
+            out.append((impl.plugin_name, vote))
+        return out
+
+    def plugin_phases(self) -> frozenset[str]:
+        """Custom phase names declared by plugins through ``declare_phases`` (cached)."""
+        if self._phases is None:
+            names: set[str] = set()
+            for result in self.pm.hook.declare_phases():
+                for name in result or ():
+                    if not isinstance(name, str) or not name.isidentifier():
+                        raise PolicyError(f"declare_phases returned invalid phase name {name!r}")
+                    names.add(name)
+            self._phases = frozenset(names)
+        return self._phases
+
+    def describe(self) -> list[PluginInfo]:
+        """Every registered plugin, then every blocked entry point, sorted by name."""
+        infos = []
+        for name, plugin in self.pm.list_name_plugin():
+            if plugin is None:
+                continue
+            hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or ()))
+            dist, version = self._dists.get(name, (None, None))
+            infos.append(PluginInfo(name, dist, version, hooks))
+        for name, (dist, version) in self._blocked_eps.items():
+            infos.append(PluginInfo(name, dist, version, (), blocked=True))
+        for name in _blocked_names():
+            if name not in self._blocked_eps:
+                infos.append(PluginInfo(name, None, None, (), blocked=True))
+        return sorted(infos, key=lambda i: i.name)
+
+
+_state: dict[str, PluginRegistry] = {}
+
+
+def _registry() -> PluginRegistry:
+    """Return the process-wide registry, creating it and loading entry points on first use."""
+    registry = _state.get("registry")
+    if registry is None:
+        registry = PluginRegistry()
+        if not _truthy(os.environ.get(ENV_DISABLE_AUTOLOAD)):
+            registry.load_entry_points()
+        _state["registry"] = registry
+    return registry
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """Return the ``pluggy.PluginManager``, created lazily with entry points loaded."""
+    return _registry().pm
+
+
+def register(plugin: object, name: str | None = None) -> str:
+    """Register a plugin object or module and return its name.
+
+    Raises:
+        PluginLoadError: The plugin implements an unknown hook or has a bad signature; nothing
+            is left registered.
+
+    Example:
+        >>> import mtp_hooks
+        >>> class NeverInRollout:
+        ...     @mtp_hooks.hookimpl
+        ...     def should_run_mtp(self, model, phase):
+        ...         return False if phase == "rollout" else None
+        >>> mtp_hooks.register(NeverInRollout(), name="never-in-rollout")
+        'never-in-rollout'
+    """
+    return _registry().register(plugin, name)
+
+
+def unregister(name_or_plugin: str | object) -> None:
+    """Unregister a plugin by its name or by the object that was registered."""
+    _registry().unregister(name_or_plugin)
+
+
+def list_plugins() -> list[PluginInfo]:
+    """Describe every registered or blocked plugin (what ``mtp-hooks plugins`` prints)."""
+    return _registry().describe()
+
+
+def _reset() -> None:
+    _state.clear()

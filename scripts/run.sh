@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# One entry point for the README's commands. It builds what it needs, then runs it:
+#   scripts/run.sh demo [args]   the demo on tiny real megatron-core models (CPU)
+#   scripts/run.sh test [args]   the test suite on megatron-core 0.19.2 (Python 3.12), then the
+#                                core and adapter tests on megatron-core 0.16.1 (Python 3.11)
+#   scripts/run.sh env           only build the environments
+# Environments: .venv (Python 3.12, torch 2.14.1, megatron-core 0.19.2) and .venv-mcore016
+# (Python 3.11, torch 2.13.0, megatron-core 0.16.1). They are rebuilt when their inputs change.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+find_python() {  # $1 = minor version, e.g. 3.12
+    local want=$1 exe
+    for exe in "python$want" "$HOME/.pyenv/versions/$want"*/bin/python; do
+        if command -v "$exe" >/dev/null 2>&1 && "$exe" -c 'import sys; sys.exit(0)' 2>/dev/null; then
+            command -v "$exe"; return 0
+        fi
+    done
+    if command -v pyenv >/dev/null 2>&1; then
+        local v; v=$(pyenv versions --bare 2>/dev/null | grep -E "^${want//./\\.}(\.|$)" | tail -1 || true)
+        if [ -n "$v" ]; then echo "$(pyenv root)/versions/$v/bin/python"; return 0; fi
+    fi
+    echo "error: Python $want not found. Install it (e.g. 'pyenv install $want' or your OS package" \
+         "python$want) so that 'python$want' is on PATH, then re-run." >&2
+    return 1
+}
+
+plugins() { for p in "$ROOT"/plugins/*/; do [ -f "$p/pyproject.toml" ] && echo "$p"; done; }
+
+build_env() {  # $1 venv dir, $2 python minor, $3 torch spec, $4 megatron-core spec
+    local venv=$1 py=$2 torch_spec=$3 mcore_spec=$4 stamp
+    stamp=$(cat pyproject.toml plugins/*/pyproject.toml scripts/run.sh 2>/dev/null | sha256sum | cut -c1-16)
+    if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then return 0; fi
+    echo ">> building $venv (Python $py, $torch_spec, $mcore_spec); the first build takes a few minutes" >&2
+    rm -rf "$venv"
+    "$(find_python "$py")" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q "$torch_spec" "$mcore_spec" numpy
+    "$venv/bin/python" -m pip install -q -e ".[test,bench]" omegaconf
+    # shellcheck disable=SC2046
+    "$venv/bin/python" -m pip install -q $(plugins)
+    echo "$stamp" > "$venv/.stamp"
+}
+
+env_main() { build_env .venv 3.12 torch==2.14.1 megatron-core==0.19.2; }
+env_legacy() { build_env .venv-mcore016 3.11 torch==2.13.0 megatron-core==0.16.1; }
+
+pytest_in() {  # $1 venv, rest: pytest args. "No tests collected" (exit 5) is a failure here.
+    local venv=$1; shift
+    local rc=0
+    "$venv/bin/python" -m pytest "$@" || rc=$?
+    if [ "$rc" -eq 5 ]; then echo "error: pytest collected no tests in $venv" >&2; return 1; fi
+    return "$rc"
+}
+
+cmd=${1:-}; shift || true
+case "$cmd" in
+    demo)
+        env_main
+        exec .venv/bin/mtp-hooks demo "$@" ;;
+    test)
+        env_main
+        env_legacy
+        echo ">> tests on megatron-core 0.19.2 (Python 3.12)"
+        pytest_in .venv "$@"
+        echo ">> tests on megatron-core 0.16.1 (Python 3.11): core, adapters, plugins"
+        pytest_in .venv-mcore016 tests/core tests/megatron tests/plugins "$@" ;;
+    env)
+        env_main; env_legacy ;;
+    *)
+        echo "usage: scripts/run.sh demo|test|env [args]" >&2; exit 2 ;;
+esac

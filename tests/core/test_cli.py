@@ -1,0 +1,111 @@
+"""The ``mtp-hooks`` command line, run as a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    full_env.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-m", "mtp_hooks", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def plugin_dir(tmp_path):
+    (tmp_path / "mtpx_cli.py").write_text(
+        textwrap.dedent(
+            """
+            import mtp_hooks
+
+            @mtp_hooks.hookimpl
+            def should_run_mtp(model, phase):
+                return False if phase == "rollout" else None
+            """
+        )
+    )
+    info = tmp_path / "mtpx_cli-0.4.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtpx-cli\nVersion: 0.4\n")
+    (info / "entry_points.txt").write_text("[mtp_hooks]\nmtpx-cli = mtpx_cli\n")
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_plugins_json_lists_an_installed_plugin_with_its_distribution(plugin_dir):
+    out = cli("plugins", "--json", env=plugin_dir)
+    assert out.returncode == 0, out.stderr
+    entries = {e["name"]: e for e in json.loads(out.stdout)}
+    assert entries["mtpx-cli"]["distribution"] == "mtpx-cli"
+    assert entries["mtpx-cli"]["version"] == "0.4"
+    assert entries["mtpx-cli"]["hooks"] == ["should_run_mtp"]
+
+
+def test_plugins_marks_blocked_plugins(plugin_dir):
+    out = cli("plugins", env={**plugin_dir, "MTP_HOOKS_DISABLE": "mtpx-cli"})
+    assert out.returncode == 0 and "mtpx-cli" in out.stdout and "BLOCKED" in out.stdout
+
+
+def test_explain_shows_the_plugin_decision(plugin_dir):
+    out = cli("explain", "--phase", "rollout", env=plugin_dir)
+    assert out.returncode == 0, out.stderr
+    assert "result: skip (decided by mtpx-cli)" in out.stdout
+
+
+def test_explain_uses_the_role_and_the_env_config():
+    out = cli("explain", "--phase", "train", "--role", "teacher",
+              env={"MTP_HOOKS_POLICY": "train=run,teacher.train=skip"})
+    assert out.returncode == 0, out.stderr
+    assert "role: teacher" in out.stdout and "result: skip (decided by config)" in out.stdout
+
+
+def test_check_config_accepts_a_valid_file(tmp_path):
+    path = tmp_path / "ok.toml"
+    path.write_text('[policy]\ntrain = "run"\neval = "skip"\n[policy.roles.teacher]\ntrain = "skip"\n')
+    out = cli("check-config", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "teacher.train = skip" in out.stdout and "valid (3 entries)" in out.stdout
+
+
+def test_check_config_rejects_an_invalid_file_with_one_line(tmp_path):
+    path = tmp_path / "bad.toml"
+    path.write_text('[policy]\neval = "sometimes"\n')
+    out = cli("check-config", str(path))
+    assert out.returncode == 2
+    assert out.stderr.startswith("mtp-hooks: error:") and "'sometimes'" in out.stderr
+    assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_an_unknown_phase_exits_non_zero_without_a_traceback():
+    out = cli("explain", "--phase", "prefill")
+    assert out.returncode == 2 and "unknown phase 'prefill'" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_a_broken_plugin_is_reported_in_one_line(tmp_path):
+    (tmp_path / "mtpx_bad.py").write_text("raise ImportError('nope')\n")
+    info = tmp_path / "mtpx_bad-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtpx-bad\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[mtp_hooks]\nmtpx-bad = mtpx_bad\n")
+    out = cli("plugins", env={"PYTHONPATH": str(tmp_path)})
+    assert out.returncode == 2 and "MTP_HOOKS_DISABLE=mtpx-bad" in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+def test_the_console_script_is_installed():
+    exe = os.path.join(os.path.dirname(sys.executable), "mtp-hooks")
+    out = subprocess.run([exe, "explain", "--phase", "eval"], capture_output=True, text=True,
+                         env={**os.environ, "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD": "1"}, timeout=120)
+    assert out.returncode == 0 and "result: run (decided by default)" in out.stdout

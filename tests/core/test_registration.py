@@ -1,0 +1,133 @@
+"""Registering plugins, the lazy plugin manager, roles and reset()."""
+
+from __future__ import annotations
+
+import gc
+import subprocess
+import sys
+
+import pluggy
+import pytest
+
+import mtp_hooks
+
+
+class Model:
+    pass
+
+
+def test_register_returns_the_given_name(voter):
+    class P:
+        @mtp_hooks.hookimpl
+        def should_run_mtp(self, model, phase):
+            return None
+
+    assert mtp_hooks.register(P(), name="mine") == "mine"
+    assert mtp_hooks.get_plugin_manager().has_plugin("mine")
+
+
+def test_register_without_a_name_returns_a_generated_one():
+    class P:
+        @mtp_hooks.hookimpl
+        def should_run_mtp(self, model, phase):
+            return None
+
+    plugin = P()
+    name = mtp_hooks.register(plugin)
+    assert mtp_hooks.get_plugin_manager().get_plugin(name) is plugin
+
+
+def test_unregister_by_name_removes_the_vote(voter):
+    voter(False, "skipper")
+    mtp_hooks.unregister("skipper")
+    assert mtp_hooks.decide(None, "eval").decided_by == "default"
+
+
+def test_unregister_by_object_removes_the_vote(voter):
+    plugin = voter(False, "skipper")
+    mtp_hooks.unregister(plugin)
+    assert mtp_hooks.decide(None, "eval").decided_by == "default"
+
+
+def test_unregistering_an_unknown_plugin_is_an_error():
+    with pytest.raises(mtp_hooks.PolicyError, match="no plugin named 'ghost'"):
+        mtp_hooks.unregister("ghost")
+
+
+def test_a_misspelled_hook_is_refused_and_nothing_stays_registered():
+    class Typo:
+        @mtp_hooks.hookimpl
+        def should_run_mpt(self, model, phase):
+            return False
+
+    with pytest.raises(mtp_hooks.PluginLoadError, match="'typo'.*should_run_mpt"):
+        mtp_hooks.register(Typo(), name="typo")
+    assert not mtp_hooks.get_plugin_manager().has_plugin("typo")
+
+
+def test_a_hook_with_an_unknown_argument_is_refused():
+    class ExtraArg:
+        @mtp_hooks.hookimpl
+        def should_run_mtp(self, model, phase, step):
+            return False
+
+    with pytest.raises(mtp_hooks.PluginLoadError, match="extra-arg"):
+        mtp_hooks.register(ExtraArg(), name="extra-arg")
+    assert not mtp_hooks.get_plugin_manager().has_plugin("extra-arg")
+
+
+def test_get_plugin_manager_returns_one_pluggy_manager_for_the_project():
+    pm = mtp_hooks.get_plugin_manager()
+    assert isinstance(pm, pluggy.PluginManager) and pm.project_name == "mtp_hooks"
+    assert mtp_hooks.get_plugin_manager() is pm
+
+
+def test_reset_forgets_plugins_config_phases_and_roles(voter):
+    model = Model()
+    voter(False, "skipper")
+    mtp_hooks.configure("train=skip")
+    mtp_hooks.declare_phase("distill")
+    mtp_hooks.set_role(model, "teacher")
+    pm = mtp_hooks.get_plugin_manager()
+    mtp_hooks.reset()
+    assert mtp_hooks.get_plugin_manager() is not pm
+    assert mtp_hooks.decide(None, "eval").decided_by == "default"
+    assert mtp_hooks.decide(None, "train").decided_by == "default"
+    assert mtp_hooks.role_of(model) is None
+    with pytest.raises(mtp_hooks.PolicyError):
+        mtp_hooks.decide(None, "distill")
+
+
+def test_a_role_does_not_keep_its_model_alive():
+    import weakref
+
+    model = Model()
+    mtp_hooks.set_role(model, "teacher")
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None
+
+
+def test_a_role_must_be_an_identifier():
+    with pytest.raises(mtp_hooks.PolicyError, match="'bad role'"):
+        mtp_hooks.set_role(Model(), "bad role")
+
+
+def test_importing_mtp_hooks_has_no_side_effects():
+    code = (
+        "import sys, mtp_hooks, mtp_hooks.plugins as p;"
+        "assert p._state == {}, 'plugin manager created at import';"
+        "assert 'megatron' not in sys.modules, 'megatron imported';"
+        "assert 'torch' not in sys.modules, 'torch imported';"
+        "print('clean')"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "clean"
+
+
+def test_every_public_name_is_exported():
+    for name in mtp_hooks.__all__:
+        if name in {"AttachHandle", "attach", "detach", "freeze_mtp"}:
+            continue  # need torch; covered by the adapter tests
+        assert getattr(mtp_hooks, name) is not None
