@@ -137,6 +137,7 @@ def build_gpt(
     pre_process: bool = True,
     post_process: bool = True,
     share_embeddings: bool = False,
+    model_cls: type | None = None,
     **config_overrides: Any,
 ):
     """Build a ``GPTModel`` from megatron's local layer spec, with an MTP block of the spec's depth.
@@ -147,6 +148,7 @@ def build_gpt(
         pre_process: Build the embedding (False mimics a later pipeline stage).
         post_process: Build the output layer.
         share_embeddings: ``share_embeddings_and_output_weights``.
+        model_cls: A ``GPTModel`` subclass to build instead.
         **config_overrides: Extra ``TransformerConfig`` fields.
     """
     from megatron.core.models.gpt import GPTModel
@@ -161,7 +163,7 @@ def build_gpt(
     mtp_spec = None
     if spec.mtp_num_layers:
         mtp_spec = get_gpt_mtp_block_spec(config, layer_spec, use_transformer_engine=False)
-    model = GPTModel(
+    return (model_cls or GPTModel)(
         config=config,
         transformer_layer_spec=layer_spec,
         vocab_size=spec.vocab_size,
@@ -172,7 +174,6 @@ def build_gpt(
         position_embedding_type="learned_absolute" if not torch.cuda.is_available() else "rope",
         mtp_block_spec=mtp_spec,
     )
-    return model
 
 
 def hybrid_stack_spec(attention: str = "local"):
@@ -262,6 +263,7 @@ def build_hybrid(
     pre_process: bool = True,
     post_process: bool = True,
     share_embeddings: bool = False,
+    model_cls: type | None = None,
     **config_overrides: Any,
 ):
     """Build a ``HybridModel`` (megatron-core 0.18+) with attention/MLP layers and MTP depths.
@@ -270,7 +272,8 @@ def build_hybrid(
         spec: Sizes. ``spec.num_layers`` attention+MLP pairs are built unless ``pattern`` is given.
         attention: ``"local"`` or ``"sdpa"``.
         pattern: A hybrid layer pattern such as ``"*-*-/*-"``; ``/`` starts each MTP depth.
-        pre_process, post_process, share_embeddings, config_overrides: As for :func:`build_gpt`.
+        pre_process, post_process, share_embeddings, model_cls, config_overrides: As for
+            :func:`build_gpt`.
     """
     from megatron.core.models.hybrid.hybrid_model import HybridModel
 
@@ -279,7 +282,7 @@ def build_hybrid(
         pattern = "*-" * spec.num_layers + "/*-" * (spec.mtp_num_layers or 0)
     main_layers = len(pattern.split("/")[0])
     config = _config(spec, num_layers=main_layers, **config_overrides)
-    return HybridModel(
+    return (model_cls or HybridModel)(
         config=config,
         hybrid_stack_spec=hybrid_stack_spec(attention),
         vocab_size=spec.vocab_size,

@@ -1,0 +1,129 @@
+"""Real megatron-core models on a CPU, and the test-only stand-ins that make that possible.
+
+megatron's local ``DotProductAttention`` takes a scratch buffer that its ``GlobalMemoryBuffer``
+allocates on CUDA; :class:`CPUMemoryBuffer` allocates the same buffer on the CPU. The MTP loss
+tracker gets CPU tensors before each test (``tiny_models.reset_mtp_loss_tracker``). These
+stand-ins live here, in the test harness, and nowhere in the library.
+"""
+
+from __future__ import annotations
+
+import math
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+from mtp_hooks import tiny_models  # noqa: E402
+
+SEQ, BATCH, VOCAB = 16, 2, 128
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def has_hybrid() -> bool:
+    try:
+        import megatron.core.models.hybrid.hybrid_model  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+@pytest.fixture(scope="session")
+def megatron_cpu():
+    """One gloo rank with megatron's parallel state, and a CPU scratch buffer for attention."""
+    from megatron.core import parallel_state
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    class CPUMemoryBuffer(GlobalMemoryBuffer):
+        def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+            required = math.prod(tensor_shape)
+            buf = self.buffer.get((name, dtype))
+            if buf is None or buf.numel() < required:
+                buf = self.buffer[(name, dtype)] = torch.empty(required, dtype=dtype)
+            return buf[:required].view(*tensor_shape)
+
+    tiny_models.init_single_process(port=free_port())
+    parallel_state._GLOBAL_MEMORY_BUFFER = CPUMemoryBuffer()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def mtp_tracker(megatron_cpu):
+    """A zeroed MTP loss tracker on the CPU before every test."""
+    tiny_models.reset_mtp_loss_tracker()
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    attention_mask: torch.Tensor | None
+    labels: torch.Tensor
+
+    def args(self) -> tuple:
+        return (self.input_ids, self.position_ids, self.attention_mask)
+
+
+@pytest.fixture
+def batch() -> Batch:
+    g = torch.Generator().manual_seed(1234)
+    ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    pos = torch.arange(SEQ).unsqueeze(0).expand(BATCH, -1)
+    mask = torch.tril(torch.ones(SEQ, SEQ, dtype=torch.bool)).logical_not()[None, None]
+    labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    return Batch(ids, pos, mask.expand(BATCH, 1, SEQ, SEQ), labels)
+
+
+KINDS = [
+    "gpt",
+    pytest.param(
+        "hybrid",
+        marks=pytest.mark.skipif(
+            not has_hybrid(), reason="HybridModel needs megatron-core 0.18+ (models/hybrid)"
+        ),
+    ),
+]
+
+
+@pytest.fixture(params=KINDS)
+def kind(request) -> str:
+    """Each adapter test runs on a GPTModel and on a HybridModel."""
+    return request.param
+
+
+@pytest.fixture
+def build(kind) -> Callable[..., torch.nn.Module]:
+    """``build(seed=0, **kw)``: a fresh model of the current kind with one MTP layer."""
+
+    def make(seed: int = 0, **kwargs) -> torch.nn.Module:
+        torch.manual_seed(seed)
+        spec = kwargs.pop("spec", tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB))
+        builder = tiny_models.build_gpt if kind == "gpt" else tiny_models.build_hybrid
+        return builder(spec, **kwargs)
+
+    return make
+
+
+class MTPCounter:
+    """Counts forwards of ``model.mtp`` through its own forward hook."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.n = 0
+        self.handle = model.mtp.register_forward_hook(self._hook)
+
+    def _hook(self, *args) -> None:
+        self.n += 1
+
+
+@pytest.fixture
+def count_mtp() -> Callable[[torch.nn.Module], MTPCounter]:
+    return MTPCounter

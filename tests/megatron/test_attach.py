@@ -1,0 +1,186 @@
+"""attach/detach: what can be attached, what is refused, and that removal leaves no trace."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import mtp_hooks
+from mtp_hooks import tiny_models
+
+
+class Wrapper(torch.nn.Module):
+    """Like Float16Module or Megatron DDP: the real model sits at ``.module``."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+
+def test_attach_refuses_an_unsupported_type_and_names_the_supported_ones():
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="Linear is not supported.*GPTModel"):
+        mtp_hooks.attach(torch.nn.Linear(2, 2))
+
+
+def test_attach_through_a_module_chain_gates_the_inner_model(build, batch, count_mtp):
+    model = build()
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(Wrapper(Wrapper(model)))
+    mtp_hooks.configure("train=skip")
+    Wrapper(model)(*batch.args(), labels=batch.labels)
+    assert handle.gated == [model] and counter.n == 0
+
+
+def test_attach_through_torch_ddp_gates_the_inner_model(build, batch, count_mtp):
+    model = build()
+    counter = count_mtp(model)
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+    handle = mtp_hooks.attach(ddp)
+    mtp_hooks.configure("train=skip")
+    ddp(*batch.args(), labels=batch.labels).sum().backward()
+    assert handle.gated == [model] and counter.n == 0
+
+
+def test_attach_accepts_a_list_of_chunks_and_gates_only_those_with_mtp(build, batch, voter):
+    with_mtp = build()
+    without = build(spec=tiny_models.TinySpec(mtp_num_layers=None, seq_length=16))
+    handle = mtp_hooks.attach([without, with_mtp])
+    assert handle.gated == [with_mtp] and handle.models == [without, with_mtp]
+    counting = voter(None, "counting")
+    without(*batch.args(), labels=batch.labels)
+    assert counting.calls == []
+
+
+def test_attaching_twice_returns_the_same_handle_and_consults_once(build, batch, voter):
+    model = build()
+    first = mtp_hooks.attach(model)
+    assert mtp_hooks.attach(model) is first
+    counting = voter(None, "counting")
+    model(*batch.args(), labels=batch.labels)
+    assert len(counting.calls) == 1
+
+
+def test_attaching_again_with_another_role_is_refused(build):
+    model = build()
+    mtp_hooks.attach(model, role="student")
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="already attached with role 'student'"):
+        mtp_hooks.attach(model, role="teacher")
+
+
+def test_the_role_given_at_attach_is_seen_by_config_and_plugins(build, batch, voter):
+    model = build()
+    handle = mtp_hooks.attach(model, role="teacher")
+    seen = []
+
+    class RoleReader:
+        @mtp_hooks.hookimpl
+        def should_run_mtp(self, model, phase):
+            seen.append(mtp_hooks.role_of(model))
+
+    mtp_hooks.register(RoleReader(), name="role-reader")
+    model(*batch.args(), labels=batch.labels)
+    assert seen == ["teacher"] and mtp_hooks.role_of(model) == "teacher"
+    handle.remove()
+    assert mtp_hooks.role_of(model) is None
+
+
+def test_remove_stops_all_consultation_and_the_model_runs_mtp_again(build, batch, voter, count_mtp):
+    model = build()
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    counting = voter(False, "skip-all")
+    handle.remove()
+    model(*batch.args(), labels=batch.labels)
+    assert counting.calls == [] and counter.n == 1
+
+
+def test_detach_by_model_removes_the_hooks(build, batch, voter):
+    model = build()
+    mtp_hooks.attach(model)
+    counting = voter(False, "skip-all")
+    mtp_hooks.detach(Wrapper(model))
+    model(*batch.args(), labels=batch.labels)
+    assert counting.calls == []
+
+
+def test_remove_leaves_exactly_the_hooks_there_were_before(build):
+    model = build()
+    before = (dict(model._forward_pre_hooks), dict(model._forward_hooks))
+    mtp_hooks.attach(model).remove()
+    assert (dict(model._forward_pre_hooks), dict(model._forward_hooks)) == before
+
+
+def test_stats_count_runs_and_skips_by_phase(build, batch):
+    model = build()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run,rollout=skip")
+    model(*batch.args(), labels=batch.labels)
+    with mtp_hooks.phase("rollout"):
+        model(*batch.args(), labels=batch.labels)
+        model(*batch.args(), labels=batch.labels)
+    assert handle.stats() == {"rollout": {"skip": 2}, "train": {"run": 1}}
+
+
+def test_a_model_whose_mtp_was_turned_off_elsewhere_is_left_alone(build, batch, voter):
+    model = build()
+    mtp_hooks.attach(model)
+    counting = voter(False, "counting")
+    model.mtp_process = False  # what Megatron-Bridge's disable_mtp_for_inference does
+    model.config = copy.copy(model.config)
+    model.config.mtp_num_layers = None
+    model(*batch.args(), labels=batch.labels)
+    assert counting.calls == []
+
+
+def test_a_compiled_model_is_refused(build):
+    model = build()
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="torch.compile"):
+        mtp_hooks.attach(torch.compile(model))
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("overlap_moe_expert_parallel_comm", True, "combined 1F1B"),
+        ("cuda_graph_impl", "full_iteration", "full-iteration CUDA graphs"),
+    ],
+)
+def test_a_mode_that_bypasses_forward_hooks_is_refused_at_attach(build, voter, field, value, message):
+    model = build()
+    model.config = config = copy.copy(model.config)
+    setattr(config, field, value)
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match=message) as info:
+        mtp_hooks.attach(model, role="student")
+    assert field in str(info.value)
+    assert model.config is config and mtp_hooks.role_of(model) is None
+    assert not model._forward_pre_hooks
+
+
+def test_a_decision_change_under_local_cuda_graphs_is_refused(build, batch):
+    model = build()
+    model.config = config = copy.copy(model.config)
+    config.cuda_graph_impl = "local"
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run,rollout=skip")
+    model(*batch.args(), labels=batch.labels)
+    with mtp_hooks.phase("rollout"), pytest.raises(mtp_hooks.UnsupportedModelError) as info:
+        model(*batch.args(), labels=batch.labels)
+    assert "cuda_graph_impl='local'" in str(info.value) and "from run to skip" in str(info.value)
+    assert model.config is config and model.mtp_process is True
+
+
+def test_a_constant_decision_under_local_cuda_graphs_is_fine(build, batch):
+    model = build()
+    model.config = copy.copy(model.config)
+    model.config.cuda_graph_impl = "local"
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip,rollout=skip")
+    model(*batch.args(), labels=batch.labels)
+    with mtp_hooks.phase("rollout"):
+        model(*batch.args(), labels=batch.labels)
+    assert handle.stats() == {"rollout": {"skip": 1}, "train": {"skip": 1}}

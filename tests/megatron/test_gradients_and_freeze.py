@@ -1,0 +1,130 @@
+"""Skips under data parallelism give MTP zero gradients; freeze_mtp takes MTP out entirely.
+
+Megatron DDP needs CUDA (see tests/gpu); torch DDP on one gloo rank shows the same contract:
+every parameter that requires grad must get one in every iteration.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mtp_hooks
+
+
+def ddp(model, **kwargs):
+    return torch.nn.parallel.DistributedDataParallel(model, **kwargs)
+
+
+def naive_skip(model):
+    """What a framework does by hand today: flip the gates, no zero gradients."""
+    import copy
+
+    model.mtp_process = False
+    model.config = copy.copy(model.config)
+    model.config.mtp_num_layers = None
+
+
+def test_an_unremedied_skip_breaks_torch_ddp(build, batch):
+    model = build()
+    naive_skip(model)
+    wrapped = ddp(model)
+    wrapped(*batch.args(), labels=batch.labels).sum().backward()
+    with pytest.raises(RuntimeError, match="(?i)finished reduction|unused parameters"):
+        wrapped(*batch.args(), labels=batch.labels).sum().backward()
+
+
+def test_skips_under_ddp_give_every_mtp_parameter_a_zero_gradient(build, batch):
+    model = build()
+    wrapped = ddp(model)
+    mtp_hooks.attach(wrapped)
+    mtp_hooks.configure("train=skip")
+    for _ in range(3):  # DDP would raise on the second iteration without the zero gradients
+        wrapped(*batch.args(), labels=batch.labels).sum().backward()
+    mtp = {n: p.grad for n, p in model.named_parameters() if n.startswith("mtp.")}
+    assert mtp and all(g is not None and not g.any() for g in mtp.values())
+
+
+def test_the_zero_gradient_leaves_the_output_viewless_and_the_loss_unchanged(build, batch):
+    reference, model = build(seed=4), build(seed=4)
+    wrapped = ddp(model)
+    mtp_hooks.attach(wrapped)
+    mtp_hooks.configure("train=skip")
+    out = wrapped(*batch.args(), labels=batch.labels)
+    assert out._base is None  # pipeline schedules assert this
+    ref_out = reference(*batch.args(), labels=batch.labels)
+    assert torch.equal(out, ref_out)
+
+
+def test_alternating_run_and_skip_under_ddp_keeps_working(build, batch, count_mtp):
+    model = build()
+    counter = count_mtp(model)
+    wrapped = ddp(model)
+    mtp_hooks.attach(wrapped)
+    for policy in ("train=run", "train=skip", "train=run", "train=skip"):
+        mtp_hooks.configure(policy)
+        wrapped(*batch.args(), labels=batch.labels).sum().backward()
+    assert counter.n == 2
+
+
+def test_freeze_mtp_turns_off_requires_grad_on_exactly_the_mtp_parameters(build):
+    model = build()
+    frozen = mtp_hooks.freeze_mtp(model)
+    names = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert names == set(frozen) == {n for n, _ in model.named_parameters() if n.startswith("mtp.")}
+
+
+def test_freeze_mtp_on_a_stage_without_pre_process_also_freezes_the_embedding_copy(build):
+    model = build(pre_process=False)
+    frozen = set(mtp_hooks.freeze_mtp(model))
+    assert "embedding.word_embeddings.weight" in frozen
+    assert any(n.startswith("mtp.") for n in frozen)
+
+
+def test_freeze_mtp_on_a_wrapped_model_is_refused_and_changes_nothing(build):
+    model = build()
+    wrapped = ddp(model)
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="before the model is wrapped in DDP"):
+        mtp_hooks.freeze_mtp(wrapped)
+    assert all(p.requires_grad for p in model.parameters())
+
+
+def test_frozen_mtp_gets_no_zero_gradient_trick(build, batch):
+    model = build()
+    mtp_hooks.freeze_mtp(model)
+    wrapped = ddp(model)
+    mtp_hooks.attach(wrapped)
+    mtp_hooks.configure("train=skip")
+    for _ in range(2):
+        wrapped(*batch.args(), labels=batch.labels).sum().backward()
+    assert all(p.grad is None for n, p in model.named_parameters() if n.startswith("mtp."))
+
+
+def test_frozen_mtp_weights_stay_bit_identical_across_optimizer_steps(build, batch):
+    model = build()
+    mtp_hooks.freeze_mtp(model)
+    wrapped = ddp(model)
+    mtp_hooks.attach(wrapped)
+    mtp_hooks.configure("train=skip")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
+                                  lr=1e-2, weight_decay=0.1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        wrapped(*batch.args(), labels=batch.labels).sum().backward()
+        optimizer.step()
+    changed = {n for n, p in model.named_parameters() if not torch.equal(p, before[n])}
+    assert changed and not any(n.startswith("mtp.") for n in changed)
+
+
+def test_zero_gradients_still_move_mtp_weights_under_adamw_weight_decay(build, batch):
+    model = build()
+    wrapped = ddp(model)
+    mtp_hooks.attach(wrapped)
+    mtp_hooks.configure("train=skip")
+    before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp.")}
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    wrapped(*batch.args(), labels=batch.labels).sum().backward()
+    optimizer.step()
+    moved = [n for n, p in model.named_parameters() if n in before and not torch.equal(p, before[n])]
+    assert moved  # why the README recommends freeze_mtp for truly frozen weights

@@ -1,0 +1,108 @@
+"""The tied-embedding pipeline stage, and models with the native ``compute_mtp_loss`` flag."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mtp_hooks
+from mtp_hooks import tiny_models
+
+
+def mtp_stage(build):
+    """The last pipeline stage with MTP: no pre_process, tied embeddings (hazards note §5)."""
+    model = build(pre_process=False, share_embeddings=True)
+    assert model.mtp_process and not model.pre_process
+    return model
+
+
+def stage_input(model, batch):
+    torch.manual_seed(7)
+    model.set_input_tensor(torch.randn(batch.input_ids.shape[1], batch.input_ids.shape[0], 64))
+
+
+def test_the_gate_toggle_would_switch_a_tied_stage_to_another_weight(build):
+    model = mtp_stage(build)
+    with_mtp = model.shared_embedding_or_output_weight()
+    model.mtp_process = False
+    try:
+        assert model.shared_embedding_or_output_weight() is not with_mtp
+    finally:
+        model.mtp_process = True
+
+
+def test_skipping_on_a_tied_stage_without_the_native_flag_is_refused(build, batch):
+    model = mtp_stage(build)
+    config = model.config
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    stage_input(model, batch)
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="share_embeddings_and_output_weights"):
+        model(*batch.args(), labels=batch.labels)
+    assert model.mtp_process is True and model.config is config
+
+
+def test_running_on_a_tied_stage_is_unchanged(build, batch):
+    plain, hooked = mtp_stage(build), None
+    torch.manual_seed(0)
+    hooked = build(pre_process=False, share_embeddings=True)
+    hooked.load_state_dict(plain.state_dict())
+    mtp_hooks.attach(hooked)
+    mtp_hooks.configure("train=run")
+    stage_input(plain, batch)
+    expected = plain(*batch.args(), labels=batch.labels)
+    stage_input(hooked, batch)
+    assert torch.equal(hooked(*batch.args(), labels=batch.labels), expected)
+
+
+def test_an_untied_mtp_stage_without_pre_process_can_skip(build, batch, count_mtp):
+    model = build(pre_process=False, share_embeddings=False)
+    counter = count_mtp(model)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    stage_input(model, batch)
+    model(*batch.args(), labels=batch.labels)
+    assert counter.n == 0 and tiny_models.recorded_mtp_loss() == 0.0
+
+
+def native(kind):
+    """A model class whose forward takes Megatron-LM main's ``compute_mtp_loss`` keyword."""
+    if kind == "gpt":
+        from megatron.core.models.gpt import GPTModel as Base
+    else:
+        from megatron.core.models.hybrid.hybrid_model import HybridModel as Base
+
+    class NativeFlagModel(Base):
+        def forward(self, *args, compute_mtp_loss: bool = True, **kwargs):
+            self.received.append((compute_mtp_loss, self.mtp_process, self.config))
+            return super().forward(*args, **kwargs)
+
+    return NativeFlagModel
+
+
+def test_a_native_flag_model_gets_the_kwarg_and_its_gates_are_left_alone(build, kind, batch):
+    model = build(model_cls=native(kind))
+    model.received = []
+    shared = model.config
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    model(*batch.args(), labels=batch.labels)
+    assert model.received == [(False, True, shared)]
+
+
+def test_a_native_flag_model_gets_no_kwarg_on_a_run_decision(build, kind, batch):
+    model = build(model_cls=native(kind))
+    model.received = []
+    mtp_hooks.attach(model)
+    model(*batch.args(), labels=batch.labels)
+    assert model.received == [(True, True, model.config)]
+
+
+def test_the_native_flag_is_used_even_on_a_tied_stage(kind, build, batch):
+    model = build(model_cls=native(kind), pre_process=False, share_embeddings=True)
+    model.received = []
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    stage_input(model, batch)
+    model(*batch.args(), labels=batch.labels)
+    assert [r[:2] for r in model.received] == [(False, True)]
