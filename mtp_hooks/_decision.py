@@ -93,9 +93,13 @@ def decide(model: Any, phase: _phases.Phase | str) -> Decision:
     """
     canonical = _phases.normalize(phase, "mtp_hooks.decide()")
     role = _roles.role_of(model)
-    entry = _policy.lookup(role, str(canonical))
+    entry = _policy.lookup(role, canonical.value if isinstance(canonical, _phases.Phase) else canonical)
     if entry is not None and entry.value != "auto":
-        decision = Decision(entry.value == "run", "config", {}, canonical, role, entry.source)
+        memo = _policy.memo()
+        decision = memo.get((role, canonical))
+        if decision is None:  # a config decision is a pure function of (role, phase): reuse it
+            decision = Decision(entry.value == "run", "config", {}, canonical, role, entry.source)
+            memo[(role, canonical)] = decision
     else:
         decision = _plugin_decision(model, canonical, role)
     if os.environ.get(ENV_TRACE, "") not in ("", "0"):

@@ -162,6 +162,7 @@ class _PolicyState:
         self.api: dict[Key, PolicyEntry] = {}
         self._cache_key: tuple[object, ...] | None = None
         self._merged: dict[Key, PolicyEntry] = {}
+        self.memo: dict[tuple[Any, ...], Any] = {}  # results derived from _merged; reset with it
 
     def merged(self) -> dict[Key, PolicyEntry]:
         env_policy = os.environ.get(ENV_POLICY)
@@ -182,6 +183,7 @@ class _PolicyState:
                 merged.update(parse_policy(env_policy, f"{ENV_POLICY}={env_policy!r}"))
             merged.update(self.api)
             self._merged, self._cache_key = merged, cache_key
+            self.memo = {}
         return self._merged
 
     def lookup(self, role: str | None, phase: str) -> PolicyEntry | None:
@@ -218,3 +220,8 @@ def _reset() -> None:
 def lookup(role: str | None, phase: str) -> PolicyEntry | None:
     """Return the config entry for (role, phase): role-scoped first, then the plain phase."""
     return _state.lookup(role, phase)
+
+
+def memo() -> dict[tuple[Any, ...], Any]:
+    """A cache valid as long as the merged config is unchanged (call after :func:`lookup`)."""
+    return _state.memo

@@ -76,29 +76,26 @@ class _ZeroGradDependency(torch.autograd.Function):
         return (grad_output, *zeros)
 
 
-def _megatron_ddps(wrappers: list[torch.nn.Module]) -> list[Any]:
+def megatron_ddps(wrappers: list[torch.nn.Module]) -> list[Any]:
+    """The Megatron ``DistributedDataParallel`` wrappers among ``wrappers`` (duck-typed)."""
     return [w for w in wrappers if hasattr(w, "param_to_bucket_group") and hasattr(w, "ddp_config")]
-
-
-def _needs_zero_grads(gate: MTPGate, params: list[torch.nn.Parameter]) -> bool:
-    if not params or not torch.is_grad_enabled():
-        return False
-    if hasattr(params[0], "main_grad"):  # set on every parameter by Megatron DDP
-        return True
-    return any(isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in gate.wrappers)
 
 
 def after_skipped_forward(gate: MTPGate, output: Any) -> Any:
     """Settle param gathers and gradient buckets for the MTP parameters a skip left unused."""
-    for ddp in _megatron_ddps(gate.wrappers):
+    for ddp in gate.megatron_ddps:
         if getattr(ddp.ddp_config, "overlap_param_gather", False) and getattr(
             ddp, "use_forward_hook", False
         ):
             groups = {id(g): g for _, p in gate.mtp_params if (g := ddp.param_to_bucket_group.get(p))}
             for group in groups.values():
                 group.finish_param_sync(skip_next_bucket_dispatch=True)
-    params = [p for _, p in gate.mtp_params if p.requires_grad]
-    if not _needs_zero_grads(gate, params):
+    if not torch.is_grad_enabled() or not gate.mtp_params:
+        return None
+    # Megatron DDP sets main_grad on every parameter it manages; torch DDP is seen at attach.
+    under_ddp = gate.torch_ddp or gate.megatron_ddps or hasattr(gate.mtp_params[0][1], "main_grad")
+    params = [p for _, p in gate.mtp_params if p.requires_grad] if under_ddp else None
+    if not params:
         return None
     if not (torch.is_tensor(output) and output.requires_grad):
         from ._gate import warn_once

@@ -7,6 +7,10 @@ of the config, never the shared object). The forward hook, registered first and 
 ``always_call=True``, restores both before anything else, also when forward raises.
 
 Each call pushes exactly one frame, so nested and re-entrant forwards restore in LIFO order.
+
+The gates are written with ``object.__setattr__``: both are plain instance attributes (never
+parameters, buffers or submodules), for which ``nn.Module.__setattr__`` ends in exactly that
+call after its isinstance checks; skipping those checks halves the per-call cost.
 """
 
 from __future__ import annotations
@@ -43,13 +47,17 @@ class MTPGate:
         )
         self.verify = verify
         self.wrappers = wrappers
+        self.megatron_ddps = _distributed.megatron_ddps(wrappers)
+        self.torch_ddp = any(isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers)
         self.mtp_params = _distributed.mtp_only_parameters(model)
         self.frames: list[tuple[bool, Any, Any, bool]] = []
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
         self.counts: Counter[tuple[str, str]] = Counter()
         self.last_run: bool | None = None
-        self._skip_config: Any = None
-        self._skip_config_of: Any = None
+        impl = getattr(model.config, "cuda_graph_impl", "none")
+        self.cuda_graphs = impl in ("local", "transformer_engine") or bool(
+            getattr(model.config, "enable_cuda_graph", False)
+        )
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         _distributed.refuse_unsupported_config(model.config)
 
@@ -69,7 +77,8 @@ class MTPGate:
             handle.remove()
         self.handles = []
         if self.frames:
-            self.model.mtp_process, self.model.config = self.base
+            _set(self.model, "mtp_process", self.base[0])
+            _set(self.model, "config", self.base[1])
             self.frames.clear()
 
     # -- the hooks -----------------------------------------------------------------------------
@@ -98,16 +107,19 @@ class MTPGate:
         decision = _decision.decide(module, phase)
         if self.verify:
             _distributed.verify_agreement(decision, phase)
-        self._check_cuda_graphs(decision.run)
+        if self.cuda_graphs:
+            self._check_cuda_graphs(decision.run)
+        key = phase.value if isinstance(phase, _phases.Phase) else phase
         if decision.run:
-            self.counts[(str(phase), "run")] += 1
+            self.counts[(key, "run")] += 1
             if module.mtp_process is base_mtp_process and module.config is base_config:
                 return None
             self.frames[-1] = (True, module.mtp_process, module.config, False)
-            module.mtp_process, module.config = base_mtp_process, base_config
+            _set(module, "mtp_process", base_mtp_process)
+            _set(module, "config", base_config)
             return None
         if self.native:
-            self.counts[(str(phase), "skip")] += 1
+            self.counts[(key, "skip")] += 1
             self.frames[-1] = _NATIVE_SKIP
             return args, {**kwargs, _capabilities.NATIVE_FLAG: False}
         if self.tied_hazard:
@@ -119,45 +131,33 @@ class MTPGate:
                 "runs MTP here, set share_embeddings_and_output_weights=False, or upgrade to a "
                 "megatron-core whose HybridModel.forward accepts compute_mtp_loss."
             )
-        self.counts[(str(phase), "skip")] += 1
+        self.counts[(key, "skip")] += 1
         self.frames[-1] = (True, module.mtp_process, module.config, True)
-        module.mtp_process = False
-        module.config = self._config_without_mtp(base_config)
+        _set(module, "mtp_process", False)
+        _set(module, "config", config_without_mtp(base_config))
         return None
 
     def post_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         restore, mtp_process, config, skipped = self.frames.pop() if self.frames else _NOTHING
         if restore:
-            module.mtp_process = mtp_process
-            module.config = config
+            _set(module, "mtp_process", mtp_process)
+            _set(module, "config", config)
         if skipped and output is not None:
             return _distributed.after_skipped_forward(self, output)
         return None
 
     # -- helpers -------------------------------------------------------------------------------
-    def _config_without_mtp(self, base_config: Any) -> Any:
-        """A shallow copy of ``base_config`` with ``mtp_num_layers=None``, refreshed every call."""
-        skip = self._skip_config
-        if skip is None or self._skip_config_of is not base_config:
-            skip = copy.copy(base_config)
-            self._skip_config, self._skip_config_of = skip, base_config
-        else:
-            skip.__dict__.update(base_config.__dict__)
-        skip.mtp_num_layers = None
-        return skip
-
     def _check_cuda_graphs(self, run: bool) -> None:
-        config = self.base[1]
-        impl = getattr(config, "cuda_graph_impl", "none")
-        if getattr(config, "enable_cuda_graph", False) or impl in ("local", "transformer_engine"):
-            if self.last_run is not None and self.last_run != run:
-                raise UnsupportedModelError(
-                    f"mtp_hooks: the MTP decision changed from {'run' if self.last_run else 'skip'}"
-                    f" to {'run' if run else 'skip'} on a model with CUDA graphs "
-                    f"(cuda_graph_impl={impl!r}); a graph recorded one way fails the other way "
-                    "('no matching cudagraph runners'). Keep the policy constant for this model, "
-                    "or set cuda_graph_impl='none'."
-                )
+        """Refuse a decision that differs from the last one on a model with CUDA graphs."""
+        if self.last_run is not None and self.last_run != run:
+            impl = getattr(self.base[1], "cuda_graph_impl", "local")
+            raise UnsupportedModelError(
+                f"mtp_hooks: the MTP decision changed from {'run' if self.last_run else 'skip'}"
+                f" to {'run' if run else 'skip'} on a model with CUDA graphs "
+                f"(cuda_graph_impl={impl!r}); a graph recorded one way fails the other way "
+                "('no matching cudagraph runners'). Keep the policy constant for this model, "
+                "or set cuda_graph_impl='none'."
+            )
         self.last_run = run
 
     def stats(self) -> dict[str, dict[str, int]]:
@@ -165,6 +165,26 @@ class MTPGate:
         for (phase, what), n in sorted(self.counts.items()):
             out.setdefault(phase, {})[what] = n
         return out
+
+
+_set = object.__setattr__
+
+
+def config_without_mtp(config: Any) -> Any:
+    """A fresh shallow copy of ``config`` with ``mtp_num_layers=None``.
+
+    Like ``copy.copy`` (no ``__init__``/``__post_init__``, so no re-validation), at half the cost
+    for a plain dataclass; classes with ``__slots__`` or ``__copy__`` go through ``copy.copy``.
+    """
+    cls = type(config)
+    state = getattr(config, "__dict__", None)
+    if state is None or hasattr(cls, "__copy__"):
+        new = copy.copy(config)
+    else:
+        new = object.__new__(cls)
+        new.__dict__.update(state)
+    new.mtp_num_layers = None
+    return new
 
 
 def warn_once(message: str) -> None:
