@@ -118,6 +118,15 @@ class MTPGate:
             _set(module, "mtp_process", base_mtp_process)
             _set(module, "config", base_config)
             return None
+        if self.mtp_params and not self.megatron_ddps and hasattr(self.mtp_params[0][1], "main_grad"):
+            raise UnsupportedModelError(
+                "mtp_hooks: this model's MTP parameters are in a Megatron DDP gradient buffer, "
+                "but mtp_hooks was attached to the bare model, so a skipped forward cannot "
+                "settle DDP's param all-gathers (with overlap_param_gather=True the next step "
+                "fails on 'param_gather_handle is None'). Attach the DDP wrapper instead: "
+                "mtp_hooks.attach(ddp_model), or freeze MTP with mtp_hooks.freeze_mtp() before "
+                "wrapping."
+            )
         if self.native:
             self.counts[(key, "skip")] += 1
             self.frames[-1] = _NATIVE_SKIP

@@ -128,3 +128,15 @@ def test_zero_gradients_still_move_mtp_weights_under_adamw_weight_decay(build, b
     optimizer.step()
     moved = [n for n, p in model.named_parameters() if n in before and not torch.equal(p, before[n])]
     assert moved  # why the README recommends freeze_mtp for truly frozen weights
+
+
+def test_a_skip_on_a_bare_model_inside_megatron_ddp_is_refused_with_the_fix(build, batch):
+    model = build()
+    for p in model.parameters():  # what Megatron DDP does to every parameter it buffers
+        p.main_grad = torch.zeros_like(p)
+    mtp_process, config = model.mtp_process, model.config
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match=r"mtp_hooks.attach\(ddp_model\)"):
+        model(*batch.args(), labels=batch.labels)
+    assert model.mtp_process is mtp_process and model.config is config

@@ -1,0 +1,195 @@
+"""Megatron DDP on a GPU: overlapped grad reduce, distributed optimizer, overlapped param gather.
+
+Skipped without CUDA. On the one-H200 machine (see docs/distributed.md) it trains a GPTModel
+with MTP wrapped in the real ``megatron.core.distributed.DistributedDataParallel`` for three
+optimizer steps of four microbatches through ``get_forward_backward_func()``, with MTP always
+run, always skipped, skipped only in the last microbatch, and frozen with ``freeze_mtp``. The
+unremedied hand-made skip is shown to fail with megatron's bucket assertion.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import socket
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+import mtp_hooks  # noqa: E402
+from mtp_hooks import tiny_models  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+STEPS, MICROBATCHES, SEQ, MBS, VOCAB = 3, 4, 128, 2, 1024
+
+
+@pytest.fixture(scope="module")
+def megatron_gpu():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    tiny_models.init_single_process()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def tracker(megatron_gpu):
+    tiny_models.reset_mtp_loss_tracker(device="cuda")
+
+
+class SkipLastMicrobatch:
+    """A deterministic policy: MTP runs in microbatches 0..2 and is skipped in microbatch 3."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @mtp_hooks.hookimpl
+    def should_run_mtp(self, model, phase):
+        run = self.calls % MICROBATCHES != MICROBATCHES - 1
+        self.calls += 1
+        return run
+
+
+def naive_skip_last_microbatch(model, from_step: int):
+    """What frameworks do by hand today: flip the gates, with no zero gradients."""
+    calls = {"n": 0}
+    saved = []
+
+    def pre(module, args):
+        n = calls["n"]
+        if n // MICROBATCHES >= from_step and n % MICROBATCHES == MICROBATCHES - 1:
+            saved.append((module.mtp_process, module.config))
+            module.mtp_process = False
+            module.config = copy.copy(module.config)
+            module.config.mtp_num_layers = None
+        calls["n"] += 1
+
+    def post(module, args, output):
+        if saved:
+            module.mtp_process, module.config = saved.pop()
+
+    model.register_forward_pre_hook(pre)
+    model.register_forward_hook(post, always_call=True)
+
+
+def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
+    """Train STEPS optimizer steps; return (losses, MTP weights before, MTP weights after).
+
+    ``mode="naive"`` skips MTP by hand in the last microbatch of every step from
+    ``naive_from_step`` on. ``attach_inner`` attaches mtp-hooks to the bare model instead of
+    the DDP wrapper, so it cannot reach DDP's param-gather buckets.
+    """
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    spec = tiny_models.TinySpec(hidden_size=256, num_layers=2, num_attention_heads=8,
+                                vocab_size=VOCAB, seq_length=SEQ)
+    torch.manual_seed(0)
+    model = tiny_models.build_gpt(spec, attention="local").cuda()
+    if mode == "frozen":
+        mtp_hooks.freeze_mtp(model)
+    if mode == "naive":
+        naive_skip_last_microbatch(model, naive_from_step)
+    mtp_before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp.")}
+    ddp_config = DistributedDataParallelConfig(
+        overlap_grad_reduce=True,
+        use_distributed_optimizer=True,
+        overlap_param_gather=True,
+        bucket_size=40_000,  # several buckets, so MTP parameters get buckets of their own
+    )
+    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.1, use_distributed_optimizer=True),
+        [ddp],
+    )
+    config = model.config
+    config.no_sync_func = ddp.no_sync
+    config.finalize_model_grads_func = finalize_model_grads
+    if mode != "naive":
+        mtp_hooks.attach(model if attach_inner else ddp)
+    if mode in ("run",):
+        mtp_hooks.configure("train=run")
+    elif mode in ("skip", "frozen"):
+        mtp_hooks.configure("train=skip")
+    elif mode == "skip_last":
+        mtp_hooks.register(SkipLastMicrobatch(), name="skip-last-microbatch")
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, VOCAB, (STEPS * MICROBATCHES, MBS, SEQ), device="cuda", generator=g)
+    pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(MBS, -1)
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        output = model(batch, pos, None, labels=torch.roll(batch, -1, dims=1))
+
+        def loss_func(output_tensor):
+            loss = output_tensor.float().mean()
+            return loss, {"lm loss": loss.detach()}
+
+        return output, loss_func
+
+    losses = []
+    fwd_bwd = get_forward_backward_func()
+    for step in range(STEPS):
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        out = fwd_bwd(
+            forward_step_func=forward_step,
+            data_iterator=iter(ids[step * MICROBATCHES:(step + 1) * MICROBATCHES]),
+            model=[ddp],
+            num_microbatches=MICROBATCHES,
+            seq_length=SEQ,
+            micro_batch_size=MBS,
+            forward_only=False,
+        )
+        ok, _, _ = optimizer.step()
+        assert ok
+        losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
+    torch.cuda.synchronize()
+    mtp_after = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp.")}
+    mtp_hooks.detach(ddp)
+    return losses, mtp_before, mtp_after
+
+
+def test_an_unremedied_skip_in_a_later_step_fails_with_the_bucket_assertion():
+    # Step 1 runs MTP everywhere, so megatron learns that MTP parameters report grads; a later
+    # step that skips MTP in the synchronising microbatch never issues their bucket.
+    with pytest.raises(AssertionError, match="Communication call has not been issued"):
+        train("naive", naive_from_step=1)
+
+
+def test_an_unremedied_skip_from_the_first_step_fails_the_bucket_group_check():
+    # Skipping from step 1 on teaches megatron a bucket group without the MTP grads; the next
+    # step's completeness check (param_and_grad_buffer.py, register_grad_ready) fails.
+    with pytest.raises(AssertionError) as info:
+        train("naive", naive_from_step=0)
+    assert info.traceback[-1].path.name == "param_and_grad_buffer.py"
+
+
+@pytest.mark.parametrize("mode", ["run", "skip", "skip_last", "frozen"])
+def test_training_under_megatron_ddp_gives_finite_losses(mode):
+    losses, _, _ = train(mode)
+    print(f"mode={mode} losses={losses}")
+    assert len(losses) == STEPS and all(math.isfinite(x) for x in losses)
+
+
+def test_frozen_mtp_weights_stay_bit_identical_across_steps():
+    _, before, after = train("frozen")
+    assert before and all(torch.equal(before[n], after[n]) for n in before)
+
+
+def test_skipped_mtp_weights_still_move_under_adam_weight_decay():
+    _, before, after = train("skip")
+    assert any(not torch.equal(before[n], after[n]) for n in before)
