@@ -138,6 +138,7 @@ def build_gpt(
     post_process: bool = True,
     share_embeddings: bool = False,
     model_cls: type | None = None,
+    with_mtp_block: bool = True,
     **config_overrides: Any,
 ):
     """Build a ``GPTModel`` from megatron's local layer spec, with an MTP block of the spec's depth.
@@ -149,6 +150,8 @@ def build_gpt(
         post_process: Build the output layer.
         share_embeddings: ``share_embeddings_and_output_weights``.
         model_cls: A ``GPTModel`` subclass to build instead.
+        with_mtp_block: False builds no MTP block even though ``mtp_num_layers`` is set, like
+            a pipeline stage that holds no MTP layer.
         **config_overrides: Extra ``TransformerConfig`` fields.
     """
     from megatron.core.models.gpt import GPTModel
@@ -161,7 +164,7 @@ def build_gpt(
     config = _config(spec, **config_overrides)
     layer_spec = _swap_attention(get_gpt_layer_local_spec(), attention)
     mtp_spec = None
-    if spec.mtp_num_layers:
+    if spec.mtp_num_layers and with_mtp_block:
         mtp_spec = get_gpt_mtp_block_spec(config, layer_spec, use_transformer_engine=False)
     return (model_cls or GPTModel)(
         config=config,

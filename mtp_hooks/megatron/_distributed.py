@@ -48,6 +48,13 @@ def refuse_unsupported_config(config: Any) -> None:
             "hooks, so MTP could not be gated. Set overlap_moe_expert_parallel_comm=False to use "
             "mtp-hooks."
         )
+    if getattr(config, "mtp_standalone", False):
+        raise UnsupportedModelError(
+            "mtp_hooks.attach: this pipeline layout puts MTP on a standalone stage "
+            "(config.mtp_standalone=True), where the MTP stage and the loss stage would have to "
+            "reach the same decision for every microbatch independently. It is not supported; "
+            "place MTP on the last pipeline stage (the default layout) to use mtp-hooks."
+        )
     impl = getattr(config, "cuda_graph_impl", "none")
     scope = getattr(config, "cuda_graph_scope", None)
     scopes = scope if isinstance(scope, (list, tuple)) else [scope]

@@ -148,6 +148,7 @@ def test_a_compiled_model_is_refused(build):
     [
         ("overlap_moe_expert_parallel_comm", True, "combined 1F1B"),
         ("cuda_graph_impl", "full_iteration", "full-iteration CUDA graphs"),
+        ("mtp_standalone", True, "standalone stage"),
     ],
 )
 def test_a_mode_that_bypasses_forward_hooks_is_refused_at_attach(build, voter, field, value, message):
@@ -184,3 +185,15 @@ def test_a_constant_decision_under_local_cuda_graphs_is_fine(build, batch):
     with mtp_hooks.phase("rollout"):
         model(*batch.args(), labels=batch.labels)
     assert handle.stats() == {"rollout": {"skip": 1}, "train": {"skip": 1}}
+
+
+def test_a_pipeline_stage_without_mtp_is_attached_and_never_touched(batch, voter):
+    # An intermediate stage: the config has mtp_num_layers but this rank built no MTP block.
+    stage = tiny_models.build_gpt(
+        tiny_models.TinySpec(seq_length=16), with_mtp_block=False, post_process=False
+    )
+    assert stage.config.mtp_num_layers and not stage.mtp_process
+    handle = mtp_hooks.attach(stage)
+    counting = voter(False, "counting")
+    stage(*batch.args(), labels=batch.labels)
+    assert handle.gated == [] and counting.calls == [] and handle.stats() == {}

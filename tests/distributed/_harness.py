@@ -1,0 +1,94 @@
+"""Test harness for multi-rank CPU runs: spawn gloo ranks with a hard timeout, collect results.
+
+Each rank runs a scenario function in a fresh process (``spawn``) and writes a JSON result
+file; a rank that has not finished by the deadline is killed and the test fails, so a
+disagreement between ranks shows up as a failure and never as a hang.
+
+The CUDA stand-ins below exist for these test processes only: megatron's TP gather allocates on
+``torch.cuda.current_device()`` and its local attention takes a CUDA scratch buffer.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing as mp
+import os
+import socket
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def install_cpu_stand_ins() -> None:
+    """Point megatron's CUDA-only allocations at the CPU, in this test process only."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    class CPUMemoryBuffer(GlobalMemoryBuffer):
+        def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+            required = math.prod(tensor_shape)
+            buf = self.buffer.get((name, dtype))
+            if buf is None or buf.numel() < required:
+                buf = self.buffer[(name, dtype)] = torch.empty(required, dtype=dtype)
+            return buf[:required].view(*tensor_shape)
+
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    parallel_state._GLOBAL_MEMORY_BUFFER = CPUMemoryBuffer()
+
+
+def init_rank(rank: int, world: int, port: int, tp: int) -> None:
+    import torch
+    from megatron.core import parallel_state, tensor_parallel
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
+    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+    install_cpu_stand_ins()
+
+
+def _entry(scenario: Callable[[int], dict], rank: int, world: int, port: int, tp: int, out: str):
+    result: dict
+    try:
+        init_rank(rank, world, port, tp)
+        result = {"ok": True, **scenario(rank)}
+    except BaseException as exc:  # reported to the parent test, never swallowed
+        result = {"ok": False, "error": type(exc).__name__, "message": str(exc),
+                  "traceback": traceback.format_exc()}
+    Path(out, f"rank{rank}.json").write_text(json.dumps(result))
+    try:
+        import torch
+
+        torch.distributed.destroy_process_group()
+    except Exception:
+        pass
+
+
+def run_ranks(scenario: Callable[[int], dict], world: int, tp: int, tmp: Path,
+              timeout: float = 120) -> list[dict]:
+    """Run ``scenario(rank)`` on ``world`` gloo ranks; return each rank's result dict."""
+    ctx = mp.get_context("spawn")
+    port = free_port()
+    procs = [ctx.Process(target=_entry, args=(scenario, r, world, port, tp, str(tmp)))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout)
+    hung = [i for i, p in enumerate(procs) if p.is_alive()]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+            p.join(10)
+    if hung:
+        raise AssertionError(f"ranks {hung} did not finish within {timeout}s (a hang)")
+    return [json.loads(Path(tmp, f"rank{r}.json").read_text()) for r in range(world)]

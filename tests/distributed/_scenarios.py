@@ -1,0 +1,90 @@
+"""Scenarios run on each rank by tests/distributed (module-level so ``spawn`` can import them)."""
+
+from __future__ import annotations
+
+import torch
+
+import mtp_hooks
+from mtp_hooks import tiny_models
+
+SEQ, VOCAB = 16, 128
+
+
+def _tp_model():
+    spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB,
+                                extra={"tensor_model_parallel_size": 2})
+    torch.manual_seed(0)
+    model = tiny_models.build_gpt(spec, attention="local")
+    counter = {"n": 0}
+    model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
+    return model, counter
+
+
+def _batch():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=g)
+    pos = torch.arange(SEQ).unsqueeze(0).expand(2, -1)
+    # an explicit causal mask: megatron builds its default one on CUDA
+    mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool), diagonal=1)[None, None]
+    return ids, pos, mask.expand(2, 1, SEQ, SEQ)
+
+
+def agreeing_policy(rank: int) -> dict:
+    """TP=2, verify on: run in train, skip in rollout; both ranks agree, nothing hangs."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    tiny_models.reset_mtp_loss_tracker()
+    model, counter = _tp_model()
+    handle = mtp_hooks.attach(model, verify=True)
+    mtp_hooks.configure("train=run,rollout=skip")
+    ids, pos, mask = _batch()
+    run_loss = model(ids, pos, mask, labels=ids)
+    run_loss.sum().backward()
+    recorded_after_run = tiny_models.recorded_mtp_loss()
+    MTPLossLoggingHelper.clean_metrics_in_tracker()
+    with mtp_hooks.phase("rollout"):
+        skip_loss = model(ids, pos, mask, labels=ids)
+        skip_loss.sum().backward()
+    recorded_after_skip = tiny_models.recorded_mtp_loss()
+    # the MTP loss logging all-reduce, after ranks agreed on skipping: must not hang
+    MTPLossLoggingHelper.track_mtp_metrics(loss_scale=1.0, iteration=1, writer=None)
+    return {
+        "mtp_forwards": counter["n"],
+        "stats": handle.stats(),
+        "recorded_after_run": recorded_after_run,
+        "recorded_after_skip": recorded_after_skip,
+        "losses_equal": bool(torch.equal(run_loss, skip_loss)),
+        "loss_sum": float(run_loss.sum()),
+    }
+
+
+class RankDependent:
+    """A broken policy: rank 0 runs MTP, every other rank skips it."""
+
+    @mtp_hooks.hookimpl
+    def should_run_mtp(self, model, phase):
+        return torch.distributed.get_rank() == 0
+
+
+def rank_dependent_plugin(rank: int) -> dict:
+    """TP=2, verify on, a rank-dependent plugin: DecisionMismatchError on every rank."""
+    tiny_models.reset_mtp_loss_tracker()
+    model, counter = _tp_model()
+    shared = model.config
+    mtp_hooks.attach(model, verify=True)
+    mtp_hooks.register(RankDependent(), name="rank-dependent")
+    ids, pos, mask = _batch()
+    try:
+        model(ids, pos, mask, labels=ids)
+    except mtp_hooks.DecisionMismatchError as exc:
+        return {"raised": True, "message": str(exc), "mtp_forwards": counter["n"],
+                "gates_restored": model.config is shared and model.mtp_process is True}
+    return {"raised": False}
+
+
+def verify_from_env(rank: int) -> dict:
+    """MTP_HOOKS_VERIFY=1 turns verification on without touching attach()."""
+    import os
+
+    os.environ["MTP_HOOKS_VERIFY"] = "1"
+    return rank_dependent_plugin(rank)

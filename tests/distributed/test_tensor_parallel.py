@@ -1,0 +1,58 @@
+"""Two gloo ranks with TP=2 on real GPTModels: agreement works, disagreement is caught.
+
+Every test spawns its ranks with a hard timeout (tests/distributed/_harness.py), so a
+collective that one rank never joins fails the test instead of hanging it.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("megatron.core")
+
+import _scenarios  # noqa: E402
+from _harness import run_ranks  # noqa: E402
+
+pytestmark = pytest.mark.multirank
+
+
+@pytest.fixture(scope="module")
+def agreeing(tmp_path_factory):
+    return run_ranks(_scenarios.agreeing_policy, world=2, tp=2,
+                     tmp=tmp_path_factory.mktemp("agree"))
+
+
+def test_tp2_ranks_that_agree_run_and_skip_without_error(agreeing):
+    for result in agreeing:
+        assert result["ok"], result.get("traceback")
+        assert result["stats"] == {"rollout": {"skip": 1}, "train": {"run": 1}}
+        assert result["mtp_forwards"] == 1
+
+
+def test_tp2_skip_records_no_mtp_loss_and_keeps_the_lm_loss(agreeing):
+    for result in agreeing:
+        assert result["recorded_after_run"] > 0 and result["recorded_after_skip"] == 0
+        assert result["losses_equal"]
+
+
+def test_tp2_ranks_compute_the_same_loss(agreeing):
+    assert agreeing[0]["loss_sum"] == agreeing[1]["loss_sum"]
+
+
+def test_mtp_loss_logging_does_not_hang_after_an_agreed_skip(agreeing):
+    assert all(r["ok"] for r in agreeing)  # track_mtp_metrics returned on both ranks
+
+
+def test_a_rank_dependent_plugin_raises_decision_mismatch_on_every_rank(tmp_path):
+    results = run_ranks(_scenarios.rank_dependent_plugin, world=2, tp=2, tmp=tmp_path)
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        assert result["raised"]
+        assert "rank 0: run (decided by rank-dependent)" in result["message"]
+        assert "rank 1: skip (decided by rank-dependent)" in result["message"]
+        assert result["mtp_forwards"] == 0 and result["gates_restored"]
+
+
+def test_mtp_hooks_verify_env_var_turns_verification_on(tmp_path):
+    results = run_ranks(_scenarios.verify_from_env, world=2, tp=2, tmp=tmp_path)
+    assert all(r["ok"] and r["raised"] for r in results), results
