@@ -1,4 +1,6 @@
-"""Real megatron-core models on a CPU, and the test-only stand-ins that make that possible.
+"""Fixtures for real megatron-core models on a CPU, and the test-only stand-ins they need.
+
+Shared by tests/adapters and tests/plugins through their conftest files.
 
 megatron's local ``DotProductAttention`` takes a scratch buffer that its ``GlobalMemoryBuffer``
 allocates on CUDA; :class:`CPUMemoryBuffer` allocates the same buffer on the CPU. The MTP loss
@@ -19,6 +21,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 from mtp_hooks import tiny_models  # noqa: E402
+
+__all__ = ["megatron_cpu", "mtp_tracker", "batch", "kind", "build", "count_mtp", "Batch", "SEQ",
+           "VOCAB"]
 
 SEQ, BATCH, VOCAB = 16, 2, 128
 

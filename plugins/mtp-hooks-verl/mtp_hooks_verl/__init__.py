@@ -1,0 +1,84 @@
+"""mtp-hooks plugin for veRL: MTP trains in the actor update only, never in log-prob forwards.
+
+veRL's config (``actor_rollout_ref.model.mtp``) has ``enable`` (keep the MTP weights),
+``enable_train`` (train MTP during RL) and ``enable_rollout`` (speculative decoding in the
+rollout engine). This plugin maps it to phases:
+
+* ``train`` (the actor update): run iff ``enable`` and ``enable_train``;
+* ``rollout`` (actor/ref ``compute_log_prob``) and ``eval``: skip;
+* role ``ref``: always skip.
+
+Speculative decoding stays with the rollout engine: mtp-hooks never touches a forward under
+megatron's ``InferenceMode`` or with an inference context.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mtp_hooks import Phase, PolicyError
+from mtp_hooks.framework import as_mapping, read_key
+
+__all__ = ["VerlMTPConfig", "configure", "current", "reset"]
+
+WHERE = "actor_rollout_ref.model.mtp"
+
+
+@dataclass(frozen=True)
+class VerlMTPConfig:
+    """The validated part of veRL's MTP config that decides phases."""
+
+    enable: bool
+    enable_train: bool
+    enable_rollout: bool
+
+    def decide(self, phase: Any, role: str | None) -> bool | None:
+        """The vote for one forward; ``None`` for phases veRL does not use."""
+        if not self.enable:
+            return False
+        if role == "ref" or phase in (Phase.ROLLOUT, Phase.EVAL):
+            return False
+        if phase == Phase.TRAIN:
+            return self.enable_train
+        return None
+
+
+_state: dict[str, VerlMTPConfig] = {}
+
+
+def configure(mtp_config: Any) -> VerlMTPConfig:
+    """Validate veRL's ``actor_rollout_ref.model.mtp`` node (dict or OmegaConf) and use it.
+
+    Raises:
+        mtp_hooks.PolicyError: A missing ``enable``, a non-bool flag, or a contradiction
+            (``enable_train`` or ``enable_rollout`` without ``enable``). Nothing changes then.
+
+    Example:
+        >>> import mtp_hooks_verl
+        >>> mtp_hooks_verl.configure({"enable": True, "enable_train": True})
+        VerlMTPConfig(enable=True, enable_train=True, enable_rollout=False)
+    """
+    cfg = as_mapping(mtp_config, WHERE)
+    enable = read_key(cfg, "enable", bool, WHERE)
+    enable_train = read_key(cfg, "enable_train", bool, WHERE, default=False)
+    enable_rollout = read_key(cfg, "enable_rollout", bool, WHERE, default=False)
+    read_key(cfg, "mtp_loss_scaling_factor", (int, float), WHERE, default=0.1)
+    read_key(cfg, "detach_encoder", bool, WHERE, default=False)
+    for key, value in (("enable_train", enable_train), ("enable_rollout", enable_rollout)):
+        if value and not enable:
+            raise PolicyError(
+                f"{WHERE}: {key}=True needs enable=True (MTP weights must be loaded to be used)"
+            )
+    _state["config"] = config = VerlMTPConfig(enable, enable_train, enable_rollout)
+    return config
+
+
+def current() -> VerlMTPConfig | None:
+    """The configured policy, or ``None`` before :func:`configure` (the plugin abstains)."""
+    return _state.get("config")
+
+
+def reset() -> None:
+    """Forget the configured policy (for tests)."""
+    _state.clear()

@@ -1,0 +1,41 @@
+"""Framework plugin tests: the plugins are pip-installed and found through their entry points.
+
+``scripts/run.sh`` installs ``plugins/*`` into the test environments. Here autoload is back on,
+and every plugin's configured policy is cleared around each test.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mtp_hooks_modelopt
+import mtp_hooks_nemo
+import mtp_hooks_verl
+from model_fixtures import *  # noqa: F401,F403
+
+PLUGINS = (mtp_hooks_verl, mtp_hooks_modelopt, mtp_hooks_nemo)
+
+
+@pytest.fixture(autouse=True)
+def autoload(monkeypatch):
+    """Entry-point autoload on, and no plugin configured."""
+    monkeypatch.delenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    for plugin in PLUGINS:
+        plugin.reset()
+    yield
+    for plugin in PLUGINS:
+        plugin.reset()
+
+
+@pytest.fixture
+def only(monkeypatch):
+    """``only("verl")``: block the other installed plugins, as MTP_HOOKS_DISABLE does."""
+
+    def keep(*names: str) -> None:
+        others = {"verl", "modelopt", "nemo"} - set(names)
+        monkeypatch.setenv("MTP_HOOKS_DISABLE", ",".join(sorted(others)))
+        mtp_hooks.reset()
+
+    import mtp_hooks
+
+    return keep

@@ -1,0 +1,89 @@
+"""mtp-hooks-nemo: policy.megatron_cfg MTP keys; train in the policy update only."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import mtp_hooks
+import mtp_hooks_nemo
+from mtp_hooks import tiny_models
+
+MEGATRON_CFG = {"mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1,
+                "mtp_use_repeated_layer": False, "mtp_detach_heads": False}
+
+
+def observe(model, batch, phase):
+    counter = {"n": 0}
+    hook = model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
+    tiny_models.reset_mtp_loss_tracker()
+    try:
+        if phase == "train":
+            model.train()
+            model(*batch.args(), labels=batch.labels).sum().backward()
+        else:
+            model.eval()
+            with torch.no_grad(), mtp_hooks.phase(phase):
+                model(*batch.args(), labels=batch.labels if phase == "eval" else None)
+    finally:
+        hook.remove()
+    return counter["n"] > 0, tiny_models.recorded_mtp_loss() > 0
+
+
+@pytest.fixture
+def policy_model(build, only):
+    only("nemo")
+    model = build()
+    mtp_hooks_nemo.skip_mtp_for_inference(model)
+    return model
+
+
+def test_mtp_runs_in_the_policy_update_and_skips_in_logprobs_and_eval(policy_model, batch):
+    mtp_hooks_nemo.configure(OmegaConf.create(MEGATRON_CFG))
+    assert observe(policy_model, batch, "train") == (True, True)
+    assert observe(policy_model, batch, "rollout") == (False, False)
+    assert observe(policy_model, batch, "eval")[0] is False
+
+
+def test_compute_mtp_in_eval_opts_eval_in(policy_model, batch):
+    mtp_hooks_nemo.configure(MEGATRON_CFG, compute_mtp_in_eval=True)
+    assert observe(policy_model, batch, "eval")[0] is True
+
+
+def test_the_shared_config_is_never_mutated(policy_model, batch):
+    shared = policy_model.config
+    before = dict(vars(shared))
+    mtp_hooks_nemo.configure(MEGATRON_CFG)
+    observe(policy_model, batch, "rollout")
+    assert policy_model.config is shared and vars(shared) == before
+    assert shared.mtp_num_layers == 1 and policy_model.mtp_process is True
+
+
+def test_zero_mtp_layers_makes_the_plugin_abstain():
+    mtp_hooks_nemo.configure({"mtp_num_layers": 0})
+    assert mtp_hooks.decide(None, "train").votes["nemo"] is None
+
+
+@pytest.mark.parametrize(
+    ("change", "kwargs", "message"),
+    [
+        ({"mtp_num_layers": "MISSING"}, {}, "missing key 'mtp_num_layers'"),
+        ({"mtp_num_layers": "1"}, {}, "'mtp_num_layers' must be int"),
+        ({"mtp_num_layers": -1}, {}, "must be >= 0"),
+        ({"mtp_detach_heads": "no"}, {}, "'mtp_detach_heads' must be bool"),
+        ({"mtp_loss_scaling_factor": None, "mtp_num_layers": True}, {}, "must be int, got True"),
+        ({"mtp_num_layers": 0}, {"compute_mtp_in_eval": True}, "contradicts"),
+    ],
+)
+def test_bad_megatron_cfg_names_the_key_and_changes_nothing(change, kwargs, message):
+    mtp_hooks_nemo.configure(MEGATRON_CFG)
+    cfg = copy.deepcopy(MEGATRON_CFG)
+    cfg.update(change)
+    if cfg["mtp_num_layers"] == "MISSING":
+        del cfg["mtp_num_layers"]
+    with pytest.raises(mtp_hooks.PolicyError, match=message):
+        mtp_hooks_nemo.configure(cfg, **kwargs)
+    assert mtp_hooks_nemo.current().mtp_num_layers == 1
