@@ -55,7 +55,7 @@ def test_an_installed_plugin_is_loaded_on_first_use(install):
 
 def test_list_plugins_reports_the_distribution_and_version(install):
     install("mtpx-good", GOOD, version="2.3")
-    (info,) = mtp_hooks.list_plugins()
+    info = {i.name: i for i in mtp_hooks.list_plugins()}["mtpx-good"]
     assert (info.name, info.distribution, info.version) == ("mtpx-good", "mtpx-good", "2.3")
     assert info.hooks == ("should_run_mtp",) and not info.blocked
 
