@@ -2,7 +2,7 @@
 
 Used by ``mtp-hooks demo``, the benchmarks and the tests. Everything uses megatron-core's local
 (non-Transformer-Engine) modules, so the models run on a CPU. ``attention="sdpa"`` swaps the core
-attention for :class:`SDPACoreAttention`, a spec-level substitute that needs no CUDA scratch
+attention for a ``scaled_dot_product_attention`` module (``_local_specs``), a spec-level substitute that needs no CUDA scratch
 buffer; ``attention="local"`` keeps megatron's own ``DotProductAttention``.
 
 megatron-core must already be initialized (``torch.distributed`` plus
@@ -12,14 +12,22 @@ megatron-core must already be initialized (``torch.distributed`` plus
 from __future__ import annotations
 
 import copy
-import math
 import os
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-__all__ = ["TinySpec", "SDPACoreAttention", "init_single_process", "build_gpt", "build_hybrid"]
+from . import _local_specs
+
+__all__ = [
+    "TinySpec",
+    "init_single_process",
+    "build_gpt",
+    "build_hybrid",
+    "reset_mtp_loss_tracker",
+    "recorded_mtp_loss",
+]
 
 
 @dataclass
@@ -47,7 +55,9 @@ def init_single_process(port: int | None = None) -> None:
 
     if not torch.distributed.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(port or 29555))
+        if port is not None:
+            os.environ["MASTER_PORT"] = str(port)
+        os.environ.setdefault("MASTER_PORT", "29555")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         torch.distributed.init_process_group(backend, rank=0, world_size=1)
     if not parallel_state.model_parallel_is_initialized():
@@ -83,50 +93,13 @@ def _config(spec: TinySpec, **overrides: Any):
     return TransformerConfig(**kwargs)
 
 
-def _sdpa_class():
-    from megatron.core.transformer.module import MegatronModule
-
-    class _SDPACoreAttention(MegatronModule):
-        """Causal core attention through ``torch.nn.functional.scaled_dot_product_attention``.
-
-        Takes the constructor and forward arguments of megatron's ``DotProductAttention`` so it
-        can stand in a layer spec; unlike it, it allocates no CUDA scratch buffer.
-        """
-
-        def __init__(self, config, layer_number, attn_mask_type, attention_type, **kwargs):
-            super().__init__(config=config)
-            heads = config.num_attention_heads
-            self.head_dim = config.kv_channels or config.hidden_size // heads
-            self.softmax_scale = kwargs.get("softmax_scale") or 1.0 / math.sqrt(self.head_dim)
-
-        def forward(self, query, key, value, attention_mask, attn_mask_type=None, **kwargs):
-            # [s, b, n, d] -> [b, n, s, d]
-            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
-            if k.shape[1] != q.shape[1]:
-                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
-                v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
-            out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.softmax_scale
-            )
-            s, b = query.shape[0], query.shape[1]
-            return out.permute(2, 0, 1, 3).reshape(s, b, -1)
-
-    return _SDPACoreAttention
-
-
-def __getattr__(name: str) -> Any:
-    if name == "SDPACoreAttention":
-        return _sdpa_class()
-    raise AttributeError(name)
-
-
 def _swap_attention(layer_spec, attention: str):
     if attention == "local":
         return layer_spec
     if attention != "sdpa":
         raise ValueError(f"attention must be 'local' or 'sdpa', not {attention!r}")
     layer_spec = copy.deepcopy(layer_spec)
-    layer_spec.submodules.self_attention.submodules.core_attention = _sdpa_class()
+    layer_spec.submodules.self_attention.submodules.core_attention = _local_specs.sdpa_core_attention()
     return layer_spec
 
 
@@ -179,85 +152,6 @@ def build_gpt(
     )
 
 
-def hybrid_stack_spec(attention: str = "local"):
-    """A ``HybridStack`` spec of local modules: attention (``*``), MLP (``-``) and an MTP block."""
-    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
-    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
-    from megatron.core.ssm.mlp_layer import MLPLayer
-    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-    from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
-    from megatron.core.transformer.enums import AttnMaskType
-    from megatron.core.transformer.mlp import MLP, MLPSubmodules
-    from megatron.core.transformer.multi_token_prediction import (
-        MultiTokenPredictionBlock,
-        MultiTokenPredictionBlockSubmodules,
-        MultiTokenPredictionLayer,
-        MultiTokenPredictionLayerSubmodules,
-    )
-    from megatron.core.transformer.spec_utils import ModuleSpec
-    from megatron.core.transformer.torch_norm import WrappedTorchNorm
-    from megatron.core.transformer.transformer_layer import (
-        TransformerLayer,
-        TransformerLayerSubmodules,
-    )
-
-    core_attention = DotProductAttention if attention == "local" else _sdpa_class()
-    attention_layer = ModuleSpec(
-        module=TransformerLayer,
-        submodules=TransformerLayerSubmodules(
-            input_layernorm=WrappedTorchNorm,
-            self_attention=ModuleSpec(
-                module=SelfAttention,
-                params={"attn_mask_type": AttnMaskType.causal},
-                submodules=SelfAttentionSubmodules(
-                    linear_qkv=ColumnParallelLinear,
-                    core_attention=core_attention,
-                    linear_proj=RowParallelLinear,
-                ),
-            ),
-            self_attn_bda=get_bias_dropout_add,
-        ),
-    )
-    mlp_layer = ModuleSpec(
-        module=MLPLayer,
-        submodules=TransformerLayerSubmodules(
-            pre_mlp_layernorm=WrappedTorchNorm,
-            mlp=ModuleSpec(
-                module=MLP,
-                submodules=MLPSubmodules(
-                    linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear
-                ),
-            ),
-            mlp_bda=get_bias_dropout_add,
-        ),
-    )
-    mtp_block = ModuleSpec(
-        module=MultiTokenPredictionBlock,
-        submodules=MultiTokenPredictionBlockSubmodules(
-            layer_specs=[
-                ModuleSpec(
-                    module=MultiTokenPredictionLayer,
-                    submodules=MultiTokenPredictionLayerSubmodules(
-                        enorm=WrappedTorchNorm,
-                        hnorm=WrappedTorchNorm,
-                        eh_proj=ColumnParallelLinear,
-                        mtp_model_layer=None,
-                        layer_norm=WrappedTorchNorm,
-                    ),
-                )
-            ]
-        ),
-    )
-    return ModuleSpec(
-        module=HybridStack,
-        params={"post_layer_norm": False},
-        submodules=HybridStackSubmodules(
-            attention_layer=attention_layer, mlp_layer=mlp_layer, mtp_block_spec=mtp_block
-        ),
-    )
-
-
 def build_hybrid(
     spec: TinySpec | None = None,
     *,
@@ -287,7 +181,7 @@ def build_hybrid(
     config = _config(spec, num_layers=main_layers, **config_overrides)
     return (model_cls or HybridModel)(
         config=config,
-        hybrid_stack_spec=hybrid_stack_spec(attention),
+        hybrid_stack_spec=_local_specs.hybrid_stack_spec(attention),
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.seq_length,
         hybrid_layer_pattern=pattern,

@@ -10,7 +10,6 @@ stand-ins live here, in the test harness, and nowhere in the library.
 
 from __future__ import annotations
 
-import math
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
+from cpu_stand_ins import install_cpu_memory_buffer  # noqa: E402
 from mtp_hooks import tiny_models  # noqa: E402
 
 __all__ = ["megatron_cpu", "mtp_tracker", "batch", "kind", "build", "count_mtp", "Batch", "SEQ",
@@ -45,19 +45,8 @@ def has_hybrid() -> bool:
 @pytest.fixture(scope="session")
 def megatron_cpu():
     """One gloo rank with megatron's parallel state, and a CPU scratch buffer for attention."""
-    from megatron.core import parallel_state
-    from megatron.core.utils import GlobalMemoryBuffer
-
-    class CPUMemoryBuffer(GlobalMemoryBuffer):
-        def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
-            required = math.prod(tensor_shape)
-            buf = self.buffer.get((name, dtype))
-            if buf is None or buf.numel() < required:
-                buf = self.buffer[(name, dtype)] = torch.empty(required, dtype=dtype)
-            return buf[:required].view(*tensor_shape)
-
     tiny_models.init_single_process(port=free_port())
-    parallel_state._GLOBAL_MEMORY_BUFFER = CPUMemoryBuffer()
+    install_cpu_memory_buffer()
     yield
 
 

@@ -4,14 +4,14 @@ Each rank runs a scenario function in a fresh process (``spawn``) and writes a J
 file; a rank that has not finished by the deadline is killed and the test fails, so a
 disagreement between ranks shows up as a failure and never as a hang.
 
-The CUDA stand-ins below exist for these test processes only: megatron's TP gather allocates on
-``torch.cuda.current_device()`` and its local attention takes a CUDA scratch buffer.
+The CUDA stand-ins (tests/cpu_stand_ins.py) are installed in these test processes only:
+megatron's TP gather allocates on ``torch.cuda.current_device()`` and its local attention takes
+a CUDA scratch buffer.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import multiprocessing as mp
 import os
 import socket
@@ -19,29 +19,13 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from cpu_stand_ins import install_cpu_memory_buffer, point_cuda_current_device_at_cpu
+
 
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def install_cpu_stand_ins() -> None:
-    """Point megatron's CUDA-only allocations at the CPU, in this test process only."""
-    import torch
-    from megatron.core import parallel_state
-    from megatron.core.utils import GlobalMemoryBuffer
-
-    class CPUMemoryBuffer(GlobalMemoryBuffer):
-        def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
-            required = math.prod(tensor_shape)
-            buf = self.buffer.get((name, dtype))
-            if buf is None or buf.numel() < required:
-                buf = self.buffer[(name, dtype)] = torch.empty(required, dtype=dtype)
-            return buf[:required].view(*tensor_shape)
-
-    torch.cuda.current_device = lambda: torch.device("cpu")
-    parallel_state._GLOBAL_MEMORY_BUFFER = CPUMemoryBuffer()
 
 
 def init_rank(rank: int, world: int, port: int, tp: int) -> None:
@@ -53,7 +37,8 @@ def init_rank(rank: int, world: int, port: int, tp: int) -> None:
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    install_cpu_stand_ins()
+    install_cpu_memory_buffer()
+    point_cuda_current_device_at_cpu()
 
 
 def _entry(scenario: Callable[[int], dict], rank: int, world: int, port: int, tp: int, out: str):

@@ -7,11 +7,14 @@ and every plugin's configured policy is cleared around each test.
 from __future__ import annotations
 
 import pytest
+import torch
 
+import mtp_hooks
 import mtp_hooks_modelopt
 import mtp_hooks_nemo
 import mtp_hooks_verl
 from model_fixtures import *  # noqa: F401,F403
+from mtp_hooks import tiny_models
 
 PLUGINS = (mtp_hooks_verl, mtp_hooks_modelopt, mtp_hooks_nemo)
 
@@ -36,6 +39,31 @@ def only(monkeypatch):
         monkeypatch.setenv("MTP_HOOKS_DISABLE", ",".join(sorted(others)))
         mtp_hooks.reset()
 
-    import mtp_hooks
-
     return keep
+
+
+def observe(model, batch, phase: str) -> tuple[bool, bool]:
+    """One forward as the frameworks run it in ``phase``; returns (MTP ran, MTP loss recorded).
+
+    ``train``: a training forward with labels and backward (the actor/policy update).
+    ``rollout``: a log-prob forward, ``eval()`` + ``no_grad``, no labels, phase ``rollout``.
+    ``eval``: a validation forward, ``eval()`` + ``no_grad``, with labels.
+    """
+    counter = {"n": 0}
+    hook = model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
+    tiny_models.reset_mtp_loss_tracker()
+    try:
+        if phase == "train":
+            model.train()
+            model(*batch.args(), labels=batch.labels).sum().backward()
+        elif phase == "rollout":
+            model.eval()
+            with torch.no_grad(), mtp_hooks.phase("rollout"):
+                model(*batch.args())
+        else:
+            model.eval()
+            with torch.no_grad():
+                model(*batch.args(), labels=batch.labels)
+    finally:
+        hook.remove()
+    return counter["n"] > 0, tiny_models.recorded_mtp_loss() > 0

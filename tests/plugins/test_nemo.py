@@ -5,32 +5,14 @@ from __future__ import annotations
 import copy
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 import mtp_hooks
 import mtp_hooks_nemo
-from mtp_hooks import tiny_models
+from conftest import observe
 
 MEGATRON_CFG = {"mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1,
                 "mtp_use_repeated_layer": False, "mtp_detach_heads": False}
-
-
-def observe(model, batch, phase):
-    counter = {"n": 0}
-    hook = model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
-    tiny_models.reset_mtp_loss_tracker()
-    try:
-        if phase == "train":
-            model.train()
-            model(*batch.args(), labels=batch.labels).sum().backward()
-        else:
-            model.eval()
-            with torch.no_grad(), mtp_hooks.phase(phase):
-                model(*batch.args(), labels=batch.labels if phase == "eval" else None)
-    finally:
-        hook.remove()
-    return counter["n"] > 0, tiny_models.recorded_mtp_loss() > 0
 
 
 @pytest.fixture

@@ -3,34 +3,11 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from omegaconf import OmegaConf
 
 import mtp_hooks
 import mtp_hooks_verl
-from mtp_hooks import tiny_models
-
-
-def run_phase(model, batch, phase: str) -> tuple[bool, bool]:
-    """One forward in ``phase`` as veRL runs it; returns (MTP ran, MTP loss recorded)."""
-    counter = {"n": 0}
-    hook = model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
-    tiny_models.reset_mtp_loss_tracker()
-    try:
-        if phase == "train":  # the actor update
-            model.train()
-            model(*batch.args(), labels=batch.labels).sum().backward()
-        elif phase == "rollout":  # compute_log_prob: no labels, no grad
-            model.eval()
-            with torch.no_grad(), mtp_hooks.phase("rollout"):
-                model(*batch.args())
-        else:  # validation
-            model.eval()
-            with torch.no_grad():
-                model(*batch.args(), labels=batch.labels)
-    finally:
-        hook.remove()
-    return counter["n"] > 0, tiny_models.recorded_mtp_loss() > 0
+from conftest import observe
 
 
 @pytest.fixture
@@ -45,14 +22,14 @@ def test_with_enable_train_mtp_trains_in_the_actor_update_only(actor, batch):
     mtp_hooks_verl.configure(OmegaConf.create({"enable": True, "enable_train": True,
                                                "enable_rollout": True, "detach_encoder": False,
                                                "mtp_loss_scaling_factor": 0.1}))
-    assert run_phase(actor, batch, "train") == (True, True)
-    assert run_phase(actor, batch, "rollout") == (False, False)
-    assert run_phase(actor, batch, "eval") == (False, False)
+    assert observe(actor, batch, "train") == (True, True)
+    assert observe(actor, batch, "rollout") == (False, False)
+    assert observe(actor, batch, "eval") == (False, False)
 
 
 def test_with_enable_only_mtp_weights_are_kept_but_never_run(actor, batch):
     mtp_hooks_verl.configure({"enable": True, "enable_train": False})
-    assert run_phase(actor, batch, "train") == (False, False)
+    assert observe(actor, batch, "train") == (False, False)
     assert any(k.startswith("mtp.") for k in actor.state_dict())
 
 
@@ -61,7 +38,7 @@ def test_the_reference_model_never_runs_mtp(build, batch, only):
     ref = build()
     mtp_hooks.attach(ref, role="ref")
     mtp_hooks_verl.configure({"enable": True, "enable_train": True})
-    assert run_phase(ref, batch, "train") == (False, False)
+    assert observe(ref, batch, "train") == (False, False)
 
 
 def test_the_decision_names_the_verl_plugin(actor):

@@ -1,0 +1,127 @@
+"""Megatron layer specs built from local (non-Transformer-Engine) modules, for CPU runs.
+
+``hybrid_stack_spec`` is a ``HybridStack`` spec of attention (``*``), MLP (``-``) and MTP
+layers that runs without TE, Apex or mamba-ssm. ``sdpa_core_attention`` is a core-attention
+module with megatron's ``DotProductAttention`` interface that needs no CUDA scratch buffer.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+__all__ = ["sdpa_core_attention", "hybrid_stack_spec"]
+
+
+@functools.lru_cache(maxsize=1)
+def sdpa_core_attention() -> type:
+    """The SDPA core-attention class (built on first use: it subclasses a megatron class)."""
+    from megatron.core.transformer.module import MegatronModule
+
+    class _SDPACoreAttention(MegatronModule):
+        """Causal core attention through ``torch.nn.functional.scaled_dot_product_attention``.
+
+        Takes the constructor and forward arguments of megatron's ``DotProductAttention`` so it
+        can stand in a layer spec; unlike it, it allocates no CUDA scratch buffer.
+        """
+
+        def __init__(self, config, layer_number, attn_mask_type, attention_type, **kwargs):
+            super().__init__(config=config)
+            heads = config.num_attention_heads
+            self.head_dim = config.kv_channels or config.hidden_size // heads
+            self.softmax_scale = kwargs.get("softmax_scale") or 1.0 / math.sqrt(self.head_dim)
+
+        def forward(self, query, key, value, attention_mask, attn_mask_type=None, **kwargs):
+            # [s, b, n, d] -> [b, n, s, d]
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+            if k.shape[1] != q.shape[1]:
+                k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+                v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+            out = torch.nn.functional.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.softmax_scale
+            )
+            s, b = query.shape[0], query.shape[1]
+            return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+
+    return _SDPACoreAttention
+
+
+def hybrid_stack_spec(attention: str = "local"):
+    """A ``HybridStack`` spec of local modules: attention (``*``), MLP (``-``) and an MTP block."""
+    from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+    from megatron.core.ssm.mlp_layer import MLPLayer
+    from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
+    from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+    from megatron.core.transformer.mlp import MLP, MLPSubmodules
+    from megatron.core.transformer.multi_token_prediction import (
+        MultiTokenPredictionBlock,
+        MultiTokenPredictionBlockSubmodules,
+        MultiTokenPredictionLayer,
+        MultiTokenPredictionLayerSubmodules,
+    )
+    from megatron.core.transformer.spec_utils import ModuleSpec
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from megatron.core.transformer.transformer_layer import (
+        TransformerLayer,
+        TransformerLayerSubmodules,
+    )
+
+    core_attention = DotProductAttention if attention == "local" else sdpa_core_attention()
+    attention_layer = ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=WrappedTorchNorm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=ColumnParallelLinear,
+                    core_attention=core_attention,
+                    linear_proj=RowParallelLinear,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+        ),
+    )
+    mlp_layer = ModuleSpec(
+        module=MLPLayer,
+        submodules=TransformerLayerSubmodules(
+            pre_mlp_layernorm=WrappedTorchNorm,
+            mlp=ModuleSpec(
+                module=MLP,
+                submodules=MLPSubmodules(
+                    linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear
+                ),
+            ),
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )
+    mtp_block = ModuleSpec(
+        module=MultiTokenPredictionBlock,
+        submodules=MultiTokenPredictionBlockSubmodules(
+            layer_specs=[
+                ModuleSpec(
+                    module=MultiTokenPredictionLayer,
+                    submodules=MultiTokenPredictionLayerSubmodules(
+                        enorm=WrappedTorchNorm,
+                        hnorm=WrappedTorchNorm,
+                        eh_proj=ColumnParallelLinear,
+                        mtp_model_layer=None,
+                        layer_norm=WrappedTorchNorm,
+                    ),
+                )
+            ]
+        ),
+    )
+    return ModuleSpec(
+        module=HybridStack,
+        params={"post_layer_norm": False},
+        submodules=HybridStackSubmodules(
+            attention_layer=attention_layer, mlp_layer=mlp_layer, mtp_block_spec=mtp_block
+        ),
+    )

@@ -1,0 +1,33 @@
+"""Test-harness stand-ins for the CUDA-only allocations megatron makes even on a CPU.
+
+Used by the model fixtures (tests/model_fixtures.py) and the multi-rank harness
+(tests/distributed/_harness.py), never by the library.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+def install_cpu_memory_buffer() -> None:
+    """Replace megatron's global scratch buffer (local attention) with one that allocates on CPU."""
+    import torch
+    from megatron.core import parallel_state
+    from megatron.core.utils import GlobalMemoryBuffer
+
+    class CPUMemoryBuffer(GlobalMemoryBuffer):
+        def get_tensor(self, tensor_shape, dtype, name, mem_alloc_context=None):
+            required = math.prod(tensor_shape)
+            buf = self.buffer.get((name, dtype))
+            if buf is None or buf.numel() < required:
+                buf = self.buffer[(name, dtype)] = torch.empty(required, dtype=dtype)
+            return buf[:required].view(*tensor_shape)
+
+    parallel_state._GLOBAL_MEMORY_BUFFER = CPUMemoryBuffer()
+
+
+def point_cuda_current_device_at_cpu() -> None:
+    """TP gathers allocate on ``torch.cuda.current_device()``; in a CPU test process, the CPU."""
+    import torch
+
+    torch.cuda.current_device = lambda: torch.device("cpu")
