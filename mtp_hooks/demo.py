@@ -77,6 +77,10 @@ def _measure(model, phase: str, step: Callable[[], None]) -> Row:
             times.append((time.perf_counter() - start) * 1e3)
             ran.append(counter["n"] > before)
             recorded.append(tiny_models.recorded_mtp_loss() > 0)
+    except Exception as exc:  # megatron itself failed (e.g. 0.16 MTP needs labels): show it
+        failed = f"megatron raised {type(exc).__name__}"
+        return Row(type(model).__name__, phase, "run" if decision.run else "skip",
+                   decision.decided_by, failed, "-", float("nan"))
     finally:
         handle.remove()
     return Row(

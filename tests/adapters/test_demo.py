@@ -35,11 +35,11 @@ def test_the_default_policy_runs_mtp_in_train_only_and_says_so_from_observation(
 
 
 def test_the_policy_option_changes_what_runs():
-    out = demo("--models", "gpt", "--policy", "train=skip,eval=run,rollout=run")
+    out = demo("--models", "gpt", "--policy", "train=skip,eval=run,rollout=skip")
     assert out.returncode == 0, out.stderr
     table = rows(out.stdout)
-    assert table[("GPTModel", "train")][:3] == ["skip", "config", "no"]
-    assert table[("GPTModel", "rollout")][:3] == ["run", "config", "yes"]
+    assert table[("GPTModel", "train")] == ["skip", "config", "no", "no"]
+    assert table[("GPTModel", "eval")][:3] == ["run", "config", "yes"]
 
 
 def test_a_bad_policy_is_one_error_line_before_anything_is_built():
