@@ -109,9 +109,13 @@ def bench_hooks() -> dict[str, float]:
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for _ in range(30):
-            with_hooks.append(min(timeit.repeat(lambda: model(*args, **kwargs), number=5, repeat=3)) / 5)
+            with_hooks.append(
+                min(timeit.repeat(lambda: model(*args, **kwargs), number=5, repeat=3)) / 5
+            )
             handle.remove()
-            without.append(min(timeit.repeat(lambda: model(*args, **kwargs), number=5, repeat=3)) / 5)
+            without.append(
+                min(timeit.repeat(lambda: model(*args, **kwargs), number=5, repeat=3)) / 5
+            )
             handle = mtp_hooks.attach(model)
     figures["forward_without_hooks_ms"] = statistics.median(without) * 1e3
     figures["forward_attached_run_ms"] = statistics.median(with_hooks) * 1e3
@@ -122,9 +126,16 @@ def bench_hooks() -> dict[str, float]:
 
 def main() -> dict[str, float]:
     figures = {**bench_decide(), **bench_hooks()}
-    meta = {"python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
-            "cores": os.cpu_count()}
-    print(json.dumps({"benchmark": "cpu_overhead", **meta, **{k: round(v, 3) for k, v in figures.items()}}))
+    meta = {
+        "python": platform.python_version(),
+        "cpu": platform.processor() or platform.machine(),
+        "cores": os.cpu_count(),
+    }
+    print(
+        json.dumps(
+            {"benchmark": "cpu_overhead", **meta, **{k: round(v, 3) for k, v in figures.items()}}
+        )
+    )
     print()
     print("| measure | median |")
     print("|---|---|")

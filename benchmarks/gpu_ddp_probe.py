@@ -16,8 +16,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path[:0] = [ROOT, os.path.join(ROOT, "tests", "gpu")]
 os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 
-import mtp_hooks  # noqa: E402
 import test_megatron_ddp as t  # noqa: E402
+
+import mtp_hooks  # noqa: E402
 from mtp_hooks import tiny_models  # noqa: E402
 
 tiny_models.init_single_process()
@@ -29,5 +30,7 @@ for attach_inner in (False, True):
         print(f"attach_inner={attach_inner}: OK, losses={losses}")
     except Exception as exc:  # report, do not hide
         frame = traceback.extract_tb(exc.__traceback__)[-1]
-        print(f"attach_inner={attach_inner}: {type(exc).__name__}: {exc!s:.200} "
-              f"at {os.path.basename(frame.filename)}:{frame.lineno}")
+        print(
+            f"attach_inner={attach_inner}: {type(exc).__name__}: {exc!s:.200} "
+            f"at {os.path.basename(frame.filename)}:{frame.lineno}"
+        )

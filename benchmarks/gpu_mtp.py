@@ -131,17 +131,19 @@ def run(args) -> dict:
             for case in CASES:
                 model = setup(case)
                 model.train()
-                t_ms, t_gib = timed(lambda: train_step(model))
+                t_ms, t_gib = timed(lambda m=model: train_step(m))
                 model.zero_grad(set_to_none=True)
                 with mtp_hooks.phase("rollout"):
-                    f_ms, f_gib = timed(lambda: logprob(model))
+                    f_ms, f_gib = timed(lambda m=model: logprob(m))
                 if it >= args.warmup:
                     r = results[case]
                     r["train_ms"].append(t_ms)
                     r["train_gib"].append(t_gib)
                     r["fwd_ms"].append(f_ms)
                     r["fwd_gib"].append(f_gib)
-            print(f"iteration {it + 1}/{args.warmup + args.iters} done", file=sys.stderr, flush=True)
+            print(
+                f"iteration {it + 1}/{args.warmup + args.iters} done", file=sys.stderr, flush=True
+            )
     setup(None)
     summary = {}
     for case, r in results.items():
@@ -175,16 +177,19 @@ def table(result: dict) -> str:
     cases = result["cases"]
     lines = [
         f"**{result['model']}** on {result['gpu']}, megatron-core {result['megatron_core']}, "
-        f"{result['mtp_model_params'] / 1e9:.2f}B params ({result['mtp_params'] / 1e9:.2f}B in MTP); "
+        f"{result['mtp_model_params'] / 1e9:.2f}B params "
+        f"({result['mtp_params'] / 1e9:.2f}B in MTP); "
         f"median of {result['iters']} after {result['warmup']} warm-ups, cases interleaved.",
         "",
-        "| case | train step median (min-max) | forward only median (min-max) | peak extra mem, train | peak extra mem, forward |",
+        "| case | train step median (min-max) | forward only median (min-max) "
+        "| peak extra mem, train | peak extra mem, forward |",
         "|---|---|---|---|---|",
     ]
     for case in CASES:
         c = cases[case]
         lines.append(
-            f"| {LABELS[case]} | {c['train_ms_median']:.1f} ms ({c['train_ms_min']:.1f}-{c['train_ms_max']:.1f}) "
+            f"| {LABELS[case]} | {c['train_ms_median']:.1f} ms "
+            f"({c['train_ms_min']:.1f}-{c['train_ms_max']:.1f}) "
             f"| {c['fwd_ms_median']:.1f} ms ({c['fwd_ms_min']:.1f}-{c['fwd_ms_max']:.1f}) "
             f"| {c['train_peak_extra_gib']:.2f} GiB | {c['fwd_peak_extra_gib']:.2f} GiB |"
         )
@@ -214,7 +219,7 @@ def plot(results: list[dict], path: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
-    for ax, result in zip(axes[0], results):
+    for ax, result in zip(axes[0], results, strict=True):
         cases = result["cases"]
         x = range(len(CASES))
         train = [cases[c]["train_ms_median"] for c in CASES]

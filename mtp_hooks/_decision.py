@@ -93,7 +93,9 @@ def decide(model: Any, phase: _phases.Phase | str) -> Decision:
     """
     canonical = _phases.normalize(phase, "mtp_hooks.decide()")
     role = _roles.role_of(model)
-    entry = _policy.lookup(role, canonical.value if isinstance(canonical, _phases.Phase) else canonical)
+    entry = _policy.lookup(
+        role, canonical.value if isinstance(canonical, _phases.Phase) else canonical
+    )
     if entry is not None and entry.value != "auto":
         memo = _policy.memo()
         decision = memo.get((role, canonical))

@@ -4,7 +4,8 @@ Sources, highest precedence first:
 
 1. :func:`configure` (a dict, a compact string, or ``None`` to clear it);
 2. the ``MTP_HOOKS_POLICY`` environment variable (a compact string);
-3. the ``MTP_HOOKS_CONFIG`` environment variable (the path of a TOML file with a ``[policy]`` table).
+3. the ``MTP_HOOKS_CONFIG`` environment variable (the path of a TOML file with a ``[policy]``
+   table).
 
 Sources merge key by key: an entry of a higher source replaces the same (role, phase) entry of a
 lower one. Values are ``run``, ``skip`` and ``auto`` (no opinion: the plugins decide).
@@ -147,7 +148,7 @@ def load_policy_file(path: str | os.PathLike[str]) -> dict[Key, PolicyEntry]:
         raise PolicyError(f"{source}: invalid TOML: {exc}") from exc
     policy = document.get("policy")
     if policy is None:
-        raise PolicyError(f"{source}: no [policy] table; add one with PHASE = \"run\"|\"skip\"")
+        raise PolicyError(f'{source}: no [policy] table; add one with PHASE = "run"|"skip"')
     if not isinstance(policy, dict):
         raise PolicyError(
             f"{source}: key 'policy' must be a table ([policy]), got {type(policy).__name__}"

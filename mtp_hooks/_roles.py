@@ -1,4 +1,4 @@
-"""Model roles (``"teacher"``, ``"student"``...), held weakly so a role never keeps a model alive."""
+"""Model roles (``"teacher"``, ``"student"``...), held weakly: a role never keeps a model alive."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def set_role(model: object, role: str | None) -> None:
 
 
 def role_of(model: object) -> str | None:
-    """Return the role given to ``model`` by :func:`set_role` or ``attach(role=...)``, or ``None``."""
+    """The role given to ``model`` by :func:`set_role` or ``attach(role=...)``, or ``None``."""
     if model is None:
         return None
     try:

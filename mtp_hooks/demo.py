@@ -79,8 +79,15 @@ def _measure(model, phase: str, step: Callable[[], None]) -> Row:
             recorded.append(tiny_models.recorded_mtp_loss() > 0)
     except Exception as exc:  # megatron itself failed (e.g. 0.16 MTP needs labels): show it
         failed = f"megatron raised {type(exc).__name__}"
-        return Row(type(model).__name__, phase, "run" if decision.run else "skip",
-                   decision.decided_by, failed, "-", float("nan"))
+        return Row(
+            type(model).__name__,
+            phase,
+            "run" if decision.run else "skip",
+            decision.decided_by,
+            failed,
+            "-",
+            float("nan"),
+        )
     finally:
         handle.remove()
     return Row(
@@ -116,19 +123,39 @@ def _rows_for(model, batch) -> list[Row]:
         with torch.no_grad(), _phases.phase("rollout"):
             model(ids, pos, None)  # an RL log-prob forward: no labels
 
-    for phase, step in (("train", train_step), ("eval", eval_forward), ("rollout", rollout_forward)):
+    for phase, step in (
+        ("train", train_step),
+        ("eval", eval_forward),
+        ("rollout", rollout_forward),
+    ):
         rows.append(_measure(model, phase, step))
     return rows
 
 
 def _table(rows: list[Row]) -> str:
-    header = ("model", "phase", "decision", "decided by", "MTP ran", "MTP loss recorded", "forward ms")
+    header = (
+        "model",
+        "phase",
+        "decision",
+        "decided by",
+        "MTP ran",
+        "MTP loss recorded",
+        "forward ms",
+    )
     cells = [header] + [
-        (r.model, r.phase, r.decision, r.decided_by, r.mtp_ran, r.loss_recorded, f"{r.forward_ms:.2f}")
+        (
+            r.model,
+            r.phase,
+            r.decision,
+            r.decided_by,
+            r.mtp_ran,
+            r.loss_recorded,
+            f"{r.forward_ms:.2f}",
+        )
         for r in rows
     ]
     widths = [max(len(c[i]) for c in cells) for i in range(len(header))]
-    lines = [" | ".join(c.ljust(w) for c, w in zip(row, widths)) for row in cells]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)) for row in cells]
     lines.insert(1, "-+-".join("-" * w for w in widths))
     return "\n".join(lines)
 
@@ -144,9 +171,8 @@ def run_demo(policy: str = "train=run,eval=skip,rollout=skip", models: str = "gp
         raise PolicyError(f"--models: unknown model {sorted(unknown)}; choose from gpt, hybrid")
     _progress("importing torch and megatron-core ...")
     with _quiet():
-        import torch
-
         import megatron.core
+        import torch
 
         from . import megatron as adapters
         from . import tiny_models

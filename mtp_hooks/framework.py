@@ -38,11 +38,16 @@ def as_mapping(node: Any, where: str) -> dict[str, Any]:
             OmegaConf = None  # noqa: N806
         if OmegaConf is not None and OmegaConf.is_config(node):
             return dict(OmegaConf.to_container(node, resolve=True))
-    raise PolicyError(f"{where}: expected a mapping (dict or OmegaConf node), got {type(node).__name__}")
+    raise PolicyError(
+        f"{where}: expected a mapping (dict or OmegaConf node), got {type(node).__name__}"
+    )
 
 
 def read_key(
-    config: Mapping[str, Any], key: str, types: type | tuple[type, ...], where: str,
+    config: Mapping[str, Any],
+    key: str,
+    types: type | tuple[type, ...],
+    where: str,
     default: Any = MISSING,
 ) -> Any:
     """Read ``config[key]`` and check its type; ``bool`` never passes as ``int``.

@@ -2,8 +2,9 @@
 
 Used by ``mtp-hooks demo``, the benchmarks and the tests. Everything uses megatron-core's local
 (non-Transformer-Engine) modules, so the models run on a CPU. ``attention="sdpa"`` swaps the core
-attention for a ``scaled_dot_product_attention`` module (``_local_specs``), a spec-level substitute that needs no CUDA scratch
-buffer; ``attention="local"`` keeps megatron's own ``DotProductAttention``.
+attention for a ``scaled_dot_product_attention`` module (``_local_specs``), a spec-level
+substitute that needs no CUDA scratch buffer; ``attention="local"`` keeps megatron's own
+``DotProductAttention``.
 
 megatron-core must already be initialized (``torch.distributed`` plus
 ``parallel_state.initialize_model_parallel``); see :func:`init_single_process`.
@@ -99,7 +100,9 @@ def _swap_attention(layer_spec, attention: str):
     if attention != "sdpa":
         raise ValueError(f"attention must be 'local' or 'sdpa', not {attention!r}")
     layer_spec = copy.deepcopy(layer_spec)
-    layer_spec.submodules.self_attention.submodules.core_attention = _local_specs.sdpa_core_attention()
+    layer_spec.submodules.self_attention.submodules.core_attention = (
+        _local_specs.sdpa_core_attention()
+    )
     return layer_spec
 
 

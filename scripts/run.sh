@@ -3,6 +3,7 @@
 #   scripts/run.sh demo [args]   the demo on tiny real megatron-core models (CPU)
 #   scripts/run.sh test [args]   the test suite on megatron-core 0.19.2 (Python 3.12), then the
 #                                core and adapter tests on megatron-core 0.16.1 (Python 3.11)
+#   scripts/run.sh lint          ruff check and ruff format --check
 #   scripts/run.sh env           only build the environments
 # Environments: .venv (Python 3.12, torch 2.14.1, megatron-core 0.19.2) and .venv-mcore016
 # (Python 3.11, torch 2.13.0, megatron-core 0.16.1). They are rebuilt when their inputs change.
@@ -37,7 +38,7 @@ build_env() {  # $1 venv dir, $2 python minor, $3 torch spec, $4 megatron-core s
     "$(find_python "$py")" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     "$venv/bin/python" -m pip install -q "$torch_spec" "$mcore_spec" numpy
-    "$venv/bin/python" -m pip install -q -e ".[test,bench]" omegaconf
+    "$venv/bin/python" -m pip install -q -e ".[test,bench]" omegaconf ruff==0.17.6
     # shellcheck disable=SC2046
     "$venv/bin/python" -m pip install -q $(plugins)
     echo "$stamp" > "$venv/.stamp"
@@ -66,8 +67,12 @@ case "$cmd" in
         pytest_in .venv "$@"
         echo ">> tests on megatron-core 0.16.1 (Python 3.11): core, adapters, plugins"
         pytest_in .venv-mcore016 tests/core tests/adapters tests/plugins "$@" ;;
+    lint)
+        env_main
+        .venv/bin/ruff check mtp_hooks plugins tests benchmarks
+        .venv/bin/ruff format --check mtp_hooks plugins tests benchmarks ;;
     env)
         env_main; env_legacy ;;
     *)
-        echo "usage: scripts/run.sh demo|test|env [args]" >&2; exit 2 ;;
+        echo "usage: scripts/run.sh demo|test|lint|env [args]" >&2; exit 2 ;;
 esac

@@ -19,11 +19,21 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
-from cpu_stand_ins import install_cpu_memory_buffer  # noqa: E402
 from mtp_hooks import tiny_models  # noqa: E402
 
-__all__ = ["megatron_cpu", "mtp_tracker", "batch", "kind", "build", "count_mtp", "Batch", "SEQ",
-           "VOCAB"]
+from cpu_stand_ins import install_cpu_memory_buffer  # noqa: E402
+
+__all__ = [
+    "megatron_cpu",
+    "mtp_tracker",
+    "batch",
+    "kind",
+    "build",
+    "count_mtp",
+    "Batch",
+    "SEQ",
+    "VOCAB",
+]
 
 SEQ, BATCH, VOCAB = 16, 2, 128
 

@@ -33,7 +33,8 @@ def language_model_classes() -> tuple[type, ...]:
         from megatron.core.models.gpt import GPTModel
     except ImportError as exc:
         raise UnsupportedModelError(
-            "mtp_hooks.attach needs megatron-core; install it with pip install 'mtp-hooks[megatron]'"
+            "mtp_hooks.attach needs megatron-core; install it with "
+            "pip install 'mtp-hooks[megatron]'"
         ) from exc
     classes.append(GPTModel)
     try:
@@ -51,13 +52,13 @@ def language_model_classes() -> tuple[type, ...]:
     return tuple(classes)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def native_flag(cls: type) -> bool:
-    """Whether ``cls.forward`` accepts the native ``compute_mtp_loss`` keyword (Megatron-LM main)."""
+    """Whether ``cls.forward`` takes the native ``compute_mtp_loss`` keyword (Megatron-LM main)."""
     return NATIVE_FLAG in inspect.signature(cls.forward).parameters
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def inference_arg_index(cls: type) -> dict[str, int | None]:
     """Positional index (after ``self``) of each inference-context argument of ``cls.forward``."""
     params = list(inspect.signature(cls.forward).parameters.values())[1:]

@@ -94,7 +94,9 @@ def after_skipped_forward(gate: MTPGate, output: Any) -> Any:
         if getattr(ddp.ddp_config, "overlap_param_gather", False) and getattr(
             ddp, "use_forward_hook", False
         ):
-            groups = {id(g): g for _, p in gate.mtp_params if (g := ddp.param_to_bucket_group.get(p))}
+            groups = {
+                id(g): g for _, p in gate.mtp_params if (g := ddp.param_to_bucket_group.get(p))
+            }
             for group in groups.values():
                 group.finish_param_sync(skip_next_bucket_dispatch=True)
     if not torch.is_grad_enabled() or not gate.mtp_params:
@@ -170,7 +172,9 @@ def verify_agreement(decision: Decision, phase: Any) -> None:
     )
 
 
-def freeze_mtp_parameters(models: list[torch.nn.Module], wrappers: list[torch.nn.Module]) -> list[str]:
+def freeze_mtp_parameters(
+    models: list[torch.nn.Module], wrappers: list[torch.nn.Module]
+) -> list[str]:
     """Set ``requires_grad=False`` on every MTP-only parameter; refuse already wrapped models."""
     if wrappers or any(
         hasattr(p, "main_grad") for m in models if _has_mtp(m) for _, p in mtp_only_parameters(m)

@@ -48,7 +48,9 @@ class MTPGate:
         self.verify = verify
         self.wrappers = wrappers
         self.megatron_ddps = _distributed.megatron_ddps(wrappers)
-        self.torch_ddp = any(isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers)
+        self.torch_ddp = any(
+            isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers
+        )
         self.mtp_params = _distributed.mtp_only_parameters(model)
         self.frames: list[tuple[bool, Any, Any, bool]] = []
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
@@ -118,7 +120,11 @@ class MTPGate:
             _set(module, "mtp_process", base_mtp_process)
             _set(module, "config", base_config)
             return None
-        if self.mtp_params and not self.megatron_ddps and hasattr(self.mtp_params[0][1], "main_grad"):
+        if (
+            self.mtp_params
+            and not self.megatron_ddps
+            and hasattr(self.mtp_params[0][1], "main_grad")
+        ):
             raise UnsupportedModelError(
                 "mtp_hooks: this model's MTP parameters are in a Megatron DDP gradient buffer, "
                 "but mtp_hooks was attached to the bare model, so a skipped forward cannot "

@@ -68,7 +68,9 @@ def test_attaching_twice_returns_the_same_handle_and_consults_once(build, batch,
 def test_attaching_again_with_another_role_is_refused(build):
     model = build()
     mtp_hooks.attach(model, role="student")
-    with pytest.raises(mtp_hooks.UnsupportedModelError, match="already attached with role 'student'"):
+    with pytest.raises(
+        mtp_hooks.UnsupportedModelError, match="already attached with role 'student'"
+    ):
         mtp_hooks.attach(model, role="teacher")
 
 
@@ -151,7 +153,9 @@ def test_a_compiled_model_is_refused(build):
         ("mtp_standalone", True, "standalone stage"),
     ],
 )
-def test_a_mode_that_bypasses_forward_hooks_is_refused_at_attach(build, voter, field, value, message):
+def test_a_mode_that_bypasses_forward_hooks_is_refused_at_attach(
+    build, voter, field, value, message
+):
     model = build()
     model.config = config = copy.copy(model.config)
     setattr(config, field, value)
@@ -199,8 +203,9 @@ def test_a_pipeline_stage_without_mtp_is_attached_and_never_touched(batch, voter
     assert handle.gated == [] and counting.calls == [] and handle.stats() == {}
 
 
-def test_compiling_an_attached_model_keeps_the_hooks_eager_and_restores_on_errors(build, batch,
-                                                                                   count_mtp):
+def test_compiling_an_attached_model_keeps_the_hooks_eager_and_restores_on_errors(
+    build, batch, count_mtp
+):
     # The hooks run outside the compiled region (where a hook under tracing would see
     # torch.compiler.is_compiling() and refuse), so skips apply and errors still restore.
     model = build()
@@ -210,8 +215,9 @@ def test_compiling_an_attached_model_keeps_the_hooks_eager_and_restores_on_error
     mtp_hooks.configure("train=skip")
     compiled = torch.compile(model, backend="eager")
     compiled(*batch.args(), labels=batch.labels)
-    with pytest.raises(Exception):
-        compiled(batch.input_ids[:, :3], batch.position_ids, batch.attention_mask,
-                 labels=batch.labels)
+    with pytest.raises(RuntimeError):
+        compiled(
+            batch.input_ids[:, :3], batch.position_ids, batch.attention_mask, labels=batch.labels
+        )
     assert counter.n == 0 and handle.stats()["train"]["skip"] >= 1
     assert model.mtp_process is True and model.config is config

@@ -10,8 +10,13 @@ import sys
 def demo(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
     env["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    return subprocess.run([sys.executable, "-m", "mtp_hooks", "demo", *args],
-                          capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "mtp_hooks", "demo", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
 
 
 def rows(stdout: str) -> dict[tuple[str, str], list[str]]:

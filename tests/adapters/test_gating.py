@@ -145,7 +145,7 @@ def test_the_shared_config_object_is_never_replaced_or_mutated(build, batch):
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     train_step(model, batch)
-    (model_config_during, decoder_config_during), = seen
+    ((model_config_during, decoder_config_during),) = seen
     assert model_config_during is not shared and model_config_during.mtp_num_layers is None
     assert decoder_config_during is shared and model.mtp.config is shared
     assert model.config is shared and vars(shared) == before

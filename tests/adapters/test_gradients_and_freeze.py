@@ -107,8 +107,9 @@ def test_frozen_mtp_weights_stay_bit_identical_across_optimizer_steps(build, bat
     mtp_hooks.attach(wrapped)
     mtp_hooks.configure("train=skip")
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad],
-                                  lr=1e-2, weight_decay=0.1)
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1
+    )
     for _ in range(3):
         optimizer.zero_grad()
         wrapped(*batch.args(), labels=batch.labels).sum().backward()
@@ -126,7 +127,9 @@ def test_zero_gradients_still_move_mtp_weights_under_adamw_weight_decay(build, b
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     wrapped(*batch.args(), labels=batch.labels).sum().backward()
     optimizer.step()
-    moved = [n for n, p in model.named_parameters() if n in before and not torch.equal(p, before[n])]
+    moved = [
+        n for n, p in model.named_parameters() if n in before and not torch.equal(p, before[n])
+    ]
     assert moved  # why the README recommends freeze_mtp for truly frozen weights
 
 

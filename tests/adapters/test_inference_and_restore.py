@@ -43,7 +43,9 @@ def test_with_an_inference_context_the_hook_is_never_consulted(build, batch, vot
     context = static_context(batch)
     mp, config = model.mtp_process, model.config
     seen = []
-    model.decoder.register_forward_pre_hook(lambda m, a: seen.append((model.mtp_process, model.config)))
+    model.decoder.register_forward_pre_hook(
+        lambda m, a: seen.append((model.mtp_process, model.config))
+    )
     model.eval()
     with torch.no_grad(), mtp_hooks.phase("rollout"):
         try:
@@ -65,7 +67,7 @@ def test_an_exception_inside_forward_restores_the_very_same_gate_objects(build, 
     mtp_process, config = model.mtp_process, model.config
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError):
         model(batch.input_ids[:, :3], batch.position_ids, batch.attention_mask, labels=batch.labels)
     assert model.mtp_process is mtp_process and model.config is config
 
@@ -75,7 +77,7 @@ def test_the_forward_after_an_exception_is_normal(build, batch, count_mtp):
     counter = count_mtp(model)
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
-    with pytest.raises(Exception):
+    with pytest.raises(RuntimeError):
         model(batch.input_ids[:, :3], batch.position_ids, batch.attention_mask, labels=batch.labels)
     mtp_hooks.configure("train=run")
     model(*batch.args(), labels=batch.labels).sum().backward()

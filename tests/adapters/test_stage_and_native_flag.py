@@ -37,7 +37,9 @@ def test_skipping_on_a_tied_stage_without_the_native_flag_is_refused(build, batc
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     stage_input(model, batch)
-    with pytest.raises(mtp_hooks.UnsupportedModelError, match="share_embeddings_and_output_weights"):
+    with pytest.raises(
+        mtp_hooks.UnsupportedModelError, match="share_embeddings_and_output_weights"
+    ):
         model(*batch.args(), labels=batch.labels)
     assert model.mtp_process is True and model.config is config
 

@@ -64,15 +64,23 @@ def test_explain_shows_the_plugin_decision(plugin_dir):
 
 
 def test_explain_uses_the_role_and_the_env_config():
-    out = cli("explain", "--phase", "train", "--role", "teacher",
-              env={"MTP_HOOKS_POLICY": "train=run,teacher.train=skip"})
+    out = cli(
+        "explain",
+        "--phase",
+        "train",
+        "--role",
+        "teacher",
+        env={"MTP_HOOKS_POLICY": "train=run,teacher.train=skip"},
+    )
     assert out.returncode == 0, out.stderr
     assert "role: teacher" in out.stdout and "result: skip (decided by config)" in out.stdout
 
 
 def test_check_config_accepts_a_valid_file(tmp_path):
     path = tmp_path / "ok.toml"
-    path.write_text('[policy]\ntrain = "run"\neval = "skip"\n[policy.roles.teacher]\ntrain = "skip"\n')
+    path.write_text(
+        '[policy]\ntrain = "run"\neval = "skip"\n[policy.roles.teacher]\ntrain = "skip"\n'
+    )
     out = cli("check-config", str(path))
     assert out.returncode == 0, out.stderr
     assert "teacher.train = skip" in out.stdout and "valid (3 entries)" in out.stdout
@@ -106,6 +114,11 @@ def test_a_broken_plugin_is_reported_in_one_line(tmp_path):
 
 def test_the_console_script_is_installed():
     exe = os.path.join(os.path.dirname(sys.executable), "mtp-hooks")
-    out = subprocess.run([exe, "explain", "--phase", "eval"], capture_output=True, text=True,
-                         env={**os.environ, "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD": "1"}, timeout=120)
+    out = subprocess.run(
+        [exe, "explain", "--phase", "eval"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD": "1"},
+        timeout=120,
+    )
     assert out.returncode == 0 and "result: run (decided by default)" in out.stdout

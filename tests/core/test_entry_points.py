@@ -97,7 +97,9 @@ def test_a_misspelled_hook_in_an_entry_point_is_an_error_naming_the_plugin(insta
             return False
         """,
     )
-    with pytest.raises(mtp_hooks.PluginLoadError, match="'mtpx-typo'.*mtpx-typo 1.0.*should_run_mpt"):
+    with pytest.raises(
+        mtp_hooks.PluginLoadError, match="'mtpx-typo'.*mtpx-typo 1.0.*should_run_mpt"
+    ):
         mtp_hooks.decide(None, "eval")
 
 

@@ -36,7 +36,9 @@ def test_phase_block_is_left_even_when_its_body_raises():
 
 
 def test_unknown_phase_is_an_error_listing_the_known_phases():
-    with pytest.raises(mtp_hooks.PolicyError, match="unknown phase 'distill'.*train, eval, rollout"):
+    with pytest.raises(
+        mtp_hooks.PolicyError, match="unknown phase 'distill'.*train, eval, rollout"
+    ):
         with mtp_hooks.phase("distill"):
             pass
 

@@ -47,8 +47,12 @@ def _entry(scenario: Callable[[int], dict], rank: int, world: int, port: int, tp
         init_rank(rank, world, port, tp)
         result = {"ok": True, **scenario(rank)}
     except BaseException as exc:  # reported to the parent test, never swallowed
-        result = {"ok": False, "error": type(exc).__name__, "message": str(exc),
-                  "traceback": traceback.format_exc()}
+        result = {
+            "ok": False,
+            "error": type(exc).__name__,
+            "message": str(exc),
+            "traceback": traceback.format_exc(),
+        }
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
     try:
         import torch
@@ -58,13 +62,16 @@ def _entry(scenario: Callable[[int], dict], rank: int, world: int, port: int, tp
         pass
 
 
-def run_ranks(scenario: Callable[[int], dict], world: int, tp: int, tmp: Path,
-              timeout: float = 120) -> list[dict]:
+def run_ranks(
+    scenario: Callable[[int], dict], world: int, tp: int, tmp: Path, timeout: float = 120
+) -> list[dict]:
     """Run ``scenario(rank)`` on ``world`` gloo ranks; return each rank's result dict."""
     ctx = mp.get_context("spawn")
     port = free_port()
-    procs = [ctx.Process(target=_entry, args=(scenario, r, world, port, tp, str(tmp)))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_entry, args=(scenario, r, world, port, tp, str(tmp)))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     for p in procs:

@@ -11,8 +11,9 @@ SEQ, VOCAB = 16, 128
 
 
 def _tp_model():
-    spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB,
-                                extra={"tensor_model_parallel_size": 2})
+    spec = tiny_models.TinySpec(
+        seq_length=SEQ, vocab_size=VOCAB, extra={"tensor_model_parallel_size": 2}
+    )
     torch.manual_seed(0)
     model = tiny_models.build_gpt(spec, attention="local")
     counter = {"n": 0}
@@ -77,8 +78,12 @@ def rank_dependent_plugin(rank: int) -> dict:
     try:
         model(ids, pos, mask, labels=ids)
     except mtp_hooks.DecisionMismatchError as exc:
-        return {"raised": True, "message": str(exc), "mtp_forwards": counter["n"],
-                "gates_restored": model.config is shared and model.mtp_process is True}
+        return {
+            "raised": True,
+            "message": str(exc),
+            "mtp_forwards": counter["n"],
+            "gates_restored": model.config is shared and model.mtp_process is True,
+        }
     return {"raised": False}
 
 

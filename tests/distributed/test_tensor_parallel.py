@@ -18,8 +18,9 @@ pytestmark = pytest.mark.multirank
 
 @pytest.fixture(scope="module")
 def agreeing(tmp_path_factory):
-    return run_ranks(_scenarios.agreeing_policy, world=2, tp=2,
-                     tmp=tmp_path_factory.mktemp("agree"))
+    return run_ranks(
+        _scenarios.agreeing_policy, world=2, tp=2, tmp=tmp_path_factory.mktemp("agree")
+    )
 
 
 def test_tp2_ranks_that_agree_run_and_skip_without_error(agreeing):

@@ -94,15 +94,18 @@ def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    spec = tiny_models.TinySpec(hidden_size=256, num_layers=2, num_attention_heads=8,
-                                vocab_size=VOCAB, seq_length=SEQ)
+    spec = tiny_models.TinySpec(
+        hidden_size=256, num_layers=2, num_attention_heads=8, vocab_size=VOCAB, seq_length=SEQ
+    )
     torch.manual_seed(0)
     model = tiny_models.build_gpt(spec, attention="local").cuda()
     if mode == "frozen":
         mtp_hooks.freeze_mtp(model)
     if mode == "naive":
         naive_skip_last_microbatch(model, naive_from_step)
-    mtp_before = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp.")}
+    mtp_before = {
+        n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp.")
+    }
     ddp_config = DistributedDataParallelConfig(
         overlap_grad_reduce=True,
         use_distributed_optimizer=True,
@@ -111,7 +114,9 @@ def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
     )
     ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
     optimizer = get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=1e-3, weight_decay=0.1, use_distributed_optimizer=True),
+        OptimizerConfig(
+            optimizer="adam", lr=1e-3, weight_decay=0.1, use_distributed_optimizer=True
+        ),
         [ddp],
     )
     config = model.config
@@ -147,7 +152,7 @@ def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
         optimizer.zero_grad()
         out = fwd_bwd(
             forward_step_func=forward_step,
-            data_iterator=iter(ids[step * MICROBATCHES:(step + 1) * MICROBATCHES]),
+            data_iterator=iter(ids[step * MICROBATCHES : (step + 1) * MICROBATCHES]),
             model=[ddp],
             num_microbatches=MICROBATCHES,
             seq_length=SEQ,

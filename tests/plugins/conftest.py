@@ -13,8 +13,9 @@ import mtp_hooks
 import mtp_hooks_modelopt
 import mtp_hooks_nemo
 import mtp_hooks_verl
-from model_fixtures import *  # noqa: F401,F403
 from mtp_hooks import tiny_models
+
+from model_fixtures import *  # noqa: F401,F403
 
 PLUGINS = (mtp_hooks_verl, mtp_hooks_modelopt, mtp_hooks_nemo)
 

@@ -16,8 +16,14 @@ EXPECTED = {"verl": "mtp-hooks-verl", "modelopt": "mtp-hooks-modelopt", "nemo": 
 
 def test_plugins_json_lists_each_installed_plugin_with_distribution_and_version():
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    out = subprocess.run([sys.executable, "-m", "mtp_hooks", "plugins", "--json"],
-                         capture_output=True, text=True, env=env, timeout=120, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "mtp_hooks", "plugins", "--json"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+        check=True,
+    )
     listed = {e["name"]: e for e in json.loads(out.stdout)}
     for name, dist in EXPECTED.items():
         assert listed[name]["distribution"] == dist

@@ -50,10 +50,14 @@ def test_freeze_mtp_skips_teacher_and_student_in_a_nested_forward(pair, batch):
 def test_freeze_mtp_keeps_the_student_mtp_weights_bit_identical_across_steps(pair, batch):
     student, teacher, _ = pair
     mtp_hooks_modelopt.prepare_distillation(student, teacher, freeze_mtp=True)
-    before = {k: v.clone() for k, v in student.state_dict().items()
-              if k.startswith("mtp.") and torch.is_tensor(v)}
-    optimizer = torch.optim.AdamW([p for p in student.parameters() if p.requires_grad],
-                                  lr=1e-2, weight_decay=0.1)
+    before = {
+        k: v.clone()
+        for k, v in student.state_dict().items()
+        if k.startswith("mtp.") and torch.is_tensor(v)
+    }
+    optimizer = torch.optim.AdamW(
+        [p for p in student.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1
+    )
     for _ in range(3):
         optimizer.zero_grad()
         distill_forward(student, teacher, batch).sum().backward()

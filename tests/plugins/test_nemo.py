@@ -9,10 +9,15 @@ from omegaconf import OmegaConf
 
 import mtp_hooks
 import mtp_hooks_nemo
+
 from conftest import observe
 
-MEGATRON_CFG = {"mtp_num_layers": 1, "mtp_loss_scaling_factor": 0.1,
-                "mtp_use_repeated_layer": False, "mtp_detach_heads": False}
+MEGATRON_CFG = {
+    "mtp_num_layers": 1,
+    "mtp_loss_scaling_factor": 0.1,
+    "mtp_use_repeated_layer": False,
+    "mtp_detach_heads": False,
+}
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ from omegaconf import OmegaConf
 
 import mtp_hooks
 import mtp_hooks_verl
+
 from conftest import observe
 
 
@@ -19,9 +20,17 @@ def actor(build, only):
 
 
 def test_with_enable_train_mtp_trains_in_the_actor_update_only(actor, batch):
-    mtp_hooks_verl.configure(OmegaConf.create({"enable": True, "enable_train": True,
-                                               "enable_rollout": True, "detach_encoder": False,
-                                               "mtp_loss_scaling_factor": 0.1}))
+    mtp_hooks_verl.configure(
+        OmegaConf.create(
+            {
+                "enable": True,
+                "enable_train": True,
+                "enable_rollout": True,
+                "detach_encoder": False,
+                "mtp_loss_scaling_factor": 0.1,
+            }
+        )
+    )
     assert observe(actor, batch, "train") == (True, True)
     assert observe(actor, batch, "rollout") == (False, False)
     assert observe(actor, batch, "eval") == (False, False)
