@@ -161,6 +161,7 @@ class _PolicyState:
 
     def __init__(self) -> None:
         self.api: dict[Key, PolicyEntry] = {}
+        self.api_version = 0  # bumped by configure(); part of the cache key
         self._cache_key: tuple[object, ...] | None = None
         self._merged: dict[Key, PolicyEntry] = {}
         self.memo: dict[tuple[Any, ...], Any] = {}  # results derived from _merged; reset with it
@@ -175,7 +176,7 @@ class _PolicyState:
                 stamp = (st.st_mtime_ns, st.st_size)
             except OSError:
                 stamp = "missing"
-        cache_key = (id(self.api), env_policy, env_config, stamp)
+        cache_key = (self.api_version, env_policy, env_config, stamp)
         if cache_key != self._cache_key:
             merged: dict[Key, PolicyEntry] = {}
             if env_config:
@@ -211,6 +212,7 @@ def configure(policy: str | Mapping[str, Any] | None) -> None:
         >>> mtp_hooks.configure(None)
     """
     _state.api = {} if policy is None else parse_policy(policy, "mtp_hooks.configure()")
+    _state.api_version += 1
 
 
 def _reset() -> None:

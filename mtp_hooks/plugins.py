@@ -63,7 +63,12 @@ class PluginRegistry:
 
     # -- loading -----------------------------------------------------------------------------
     def load_entry_points(self) -> None:
-        """Load every ``mtp_hooks`` entry point; on any failure, register none of them."""
+        """Load every ``mtp_hooks`` entry point; on any failure, register none of them.
+
+        This follows ``PluginManager.load_setuptools_entrypoints`` (same group, blocked names
+        skipped, entry-point name as plugin name) but loads one entry point at a time, so that a
+        failure can name the entry point and its distribution and undo what was registered.
+        """
         loaded: list[str] = []
         try:
             for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME):

@@ -2,7 +2,8 @@
 # One entry point for the README's commands. It builds what it needs, then runs it:
 #   scripts/run.sh demo [args]   the demo on tiny real megatron-core models (CPU)
 #   scripts/run.sh test [args]   the test suite on megatron-core 0.19.2 (Python 3.12), then the
-#                                core and adapter tests on megatron-core 0.16.1 (Python 3.11)
+#                                core, adapter and plugin tests on megatron-core 0.16.1
+#                                (Python 3.11), then the core tests alone on Python 3.10
 #   scripts/run.sh lint          ruff check and ruff format --check
 #   scripts/run.sh env           only build the environments
 # Environments: .venv (Python 3.12, torch 2.14.1, megatron-core 0.19.2) and .venv-mcore016
@@ -44,6 +45,18 @@ build_env() {  # $1 venv dir, $2 python minor, $3 torch spec, $4 megatron-core s
     echo "$stamp" > "$venv/.stamp"
 }
 
+env_core() {  # the core alone (pluggy, no torch) on the oldest supported Python
+    local venv=.venv-core310 stamp
+    stamp=$(cat pyproject.toml scripts/run.sh | sha256sum | cut -c1-16)
+    if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then return 0; fi
+    echo ">> building $venv (Python 3.10, core only)" >&2
+    rm -rf "$venv"
+    "$(find_python 3.10)" -m venv "$venv"
+    "$venv/bin/python" -m pip install -q --upgrade pip
+    "$venv/bin/python" -m pip install -q -e ".[test]"
+    echo "$stamp" > "$venv/.stamp"
+}
+
 env_main() { build_env .venv 3.12 torch==2.14.1 megatron-core==0.19.2; }
 env_legacy() { build_env .venv-mcore016 3.11 torch==2.13.0 megatron-core==0.16.1; }
 
@@ -66,13 +79,16 @@ case "$cmd" in
         echo ">> tests on megatron-core 0.19.2 (Python 3.12)"
         pytest_in .venv "$@"
         echo ">> tests on megatron-core 0.16.1 (Python 3.11): core, adapters, plugins"
-        pytest_in .venv-mcore016 tests/core tests/adapters tests/plugins "$@" ;;
+        pytest_in .venv-mcore016 tests/core tests/adapters tests/plugins "$@"
+        env_core
+        echo ">> core tests without torch or megatron-core (Python 3.10)"
+        pytest_in .venv-core310 tests/core "$@" ;;
     lint)
         env_main
         .venv/bin/ruff check mtp_hooks plugins tests benchmarks
         .venv/bin/ruff format --check mtp_hooks plugins tests benchmarks ;;
     env)
-        env_main; env_legacy ;;
+        env_main; env_legacy; env_core ;;
     *)
         echo "usage: scripts/run.sh demo|test|lint|env [args]" >&2; exit 2 ;;
 esac

@@ -77,7 +77,8 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
             chain (Megatron DDP, Float16Module, torch DDP), or a list of virtual-pipeline chunks.
             Chunks without MTP on this rank are accepted and left untouched. Pass the DDP wrapper
             when it uses ``overlap_param_gather`` so skipped forwards can settle its gathers.
-        role: A role (``"teacher"``, ``"student"``) for ``ROLE.PHASE`` config keys and plugins.
+        role: A role (``"teacher"``, ``"student"``) for ``ROLE.PHASE`` config keys and plugins;
+            defaults to a role already given to ``model`` with :func:`mtp_hooks.set_role`.
         verify: Check each decision across ranks (one small all-gather per forward); defaults
             to the ``MTP_HOOKS_VERIFY`` environment variable.
 
@@ -94,6 +95,8 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
         >>> handle.remove()  # doctest: +SKIP
     """
     models, wrappers = _capabilities.unwrap(model)
+    if role is None and not isinstance(model, (list, tuple)):
+        role = _roles.role_of(model)  # a role set on the wrapper applies to the model inside
     existing = {id(h): h for m in models if (h := _attached.get(m)) is not None}
     if existing:
         handle = next(iter(existing.values()))

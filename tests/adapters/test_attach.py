@@ -221,3 +221,11 @@ def test_compiling_an_attached_model_keeps_the_hooks_eager_and_restores_on_error
         )
     assert counter.n == 0 and handle.stats()["train"]["skip"] >= 1
     assert model.mtp_process is True and model.config is config
+
+
+def test_a_role_set_on_the_wrapper_reaches_the_model_inside(build):
+    model = build()
+    wrapper = Wrapper(model)
+    mtp_hooks.set_role(wrapper, "teacher")
+    mtp_hooks.attach(wrapper)
+    assert mtp_hooks.role_of(model) == "teacher"
