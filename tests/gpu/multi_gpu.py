@@ -51,7 +51,7 @@ def mismatch(model, *args, **kwargs) -> str:
     return "no error (WRONG)"
 
 
-def data_parallel() -> None:
+def check_data_parallel() -> None:
     import test_megatron_ddp as t
 
     for mode in ("run", "skip", "skip_last", "frozen"):
@@ -73,7 +73,7 @@ def data_parallel() -> None:
     report("dp2 verify rank-dependent", mismatch(model, ids, pos, None, labels=ids))
 
 
-def tensor_parallel() -> None:
+def check_tensor_parallel() -> None:
     from megatron.core import parallel_state
 
     parallel_state.destroy_model_parallel()
@@ -120,8 +120,8 @@ def main() -> None:
 
     parallel_state.initialize_model_parallel()
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
-    data_parallel()
-    tensor_parallel()
+    check_data_parallel()
+    check_tensor_parallel()
     torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 
