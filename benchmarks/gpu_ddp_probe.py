@@ -1,9 +1,10 @@
 """Probe what happens under Megatron DDP when mtp-hooks is attached to the bare model.
 
-Attaching the bare model (not the DDP wrapper) still gives MTP parameters zero gradients
-(found through ``main_grad``) but cannot finish DDP's param all-gathers. This script runs that
-case for three steps with ``overlap_param_gather=True`` and prints what happened; the outcome is
-recorded in docs/distributed.md. Run on a GPU: ``python benchmarks/gpu_ddp_probe.py``.
+Attaching the bare model (not the DDP wrapper) can give MTP parameters zero gradients (found
+through ``main_grad``) but cannot finish DDP's param all-gathers. This script runs that case
+and the DDP-wrapper case for three steps with ``overlap_param_gather=True`` and prints what
+happened: first an ``AssertionError`` a step later, now the up-front ``UnsupportedModelError``.
+The outcomes are recorded in docs/distributed.md. Run on a GPU: ``python benchmarks/gpu_ddp_probe.py``.
 """
 
 from __future__ import annotations
