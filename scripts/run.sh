@@ -32,7 +32,7 @@ plugins() { for p in "$ROOT"/plugins/*/; do [ -f "$p/pyproject.toml" ] && echo "
 
 build_env() {  # $1 venv dir, $2 python minor, $3 torch spec, $4 megatron-core spec
     local venv=$1 py=$2 torch_spec=$3 mcore_spec=$4 stamp
-    stamp=$( { cat pyproject.toml scripts/run.sh; find plugins -type f \( -name '*.py' -o -name '*.toml' \) | sort | xargs cat; } | sha256sum | cut -c1-16)
+    stamp=$( { cat pyproject.toml scripts/run.sh; find plugins -path '*/build' -prune -o -type f \( -name '*.py' -o -name '*.toml' \) -print | sort | xargs cat; } | sha256sum | cut -c1-16)
     if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then return 0; fi
     echo ">> building $venv (Python $py, $torch_spec, $mcore_spec); the first build takes a few minutes" >&2
     rm -rf "$venv"
