@@ -85,6 +85,11 @@ class MTPGate:
 
     # -- the hooks -----------------------------------------------------------------------------
     def pre_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+        """Decide for this call and apply it; returns new ``(args, kwargs)`` only for the flag.
+
+        Raises:
+            UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
+        """
         self.frames.append(_NOTHING)  # popped by post_hook even if anything below raises
         if _capabilities.inference_mode_active() or _capabilities.has_inference_context(
             self.cls, args, kwargs
@@ -153,6 +158,7 @@ class MTPGate:
         return None
 
     def post_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Restore this call's gates first; then settle DDP state after a completed skip."""
         restore, mtp_process, config, skipped = self.frames.pop() if self.frames else _NOTHING
         if restore:
             _set(module, "mtp_process", mtp_process)
@@ -176,6 +182,7 @@ class MTPGate:
         self.last_run = run
 
     def stats(self) -> dict[str, dict[str, int]]:
+        """Counts of runs, skips and untouched (inference) calls, by phase."""
         out: dict[str, dict[str, int]] = {}
         for (phase, what), n in sorted(self.counts.items()):
             out.setdefault(phase, {})[what] = n
