@@ -3,8 +3,11 @@
 Attaching the bare model (not the DDP wrapper) can give MTP parameters zero gradients (found
 through ``main_grad``) but cannot finish DDP's param all-gathers. This script runs that case
 and the DDP-wrapper case for three steps with ``overlap_param_gather=True`` and prints what
-happened: first an ``AssertionError`` a step later, now the up-front ``UnsupportedModelError``.
-The outcomes are recorded in docs/distributed.md. Run on a GPU: ``python benchmarks/gpu_ddp_probe.py``.
+happened: at first an ``AssertionError`` a step later, now an up-front
+``UnsupportedModelError``.
+The outcomes are recorded in docs/distributed.md.
+
+Run on a GPU: ``python benchmarks/gpu_ddp_probe.py``.
 """
 
 from __future__ import annotations
