@@ -16,6 +16,7 @@ and, where matplotlib is importable, a PNG bar chart (``--plot results.json`` dr
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import statistics
@@ -157,14 +158,12 @@ def run(args) -> dict:
             "fwd_ms_max": max(r["fwd_ms"]),
             "fwd_peak_extra_gib": max(r["fwd_gib"]),
         }
-    import megatron.core
-
     return {
         "benchmark": "gpu_mtp",
         "model": args.model,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        "megatron_core": getattr(megatron.core, "__version__", "?"),
+        "megatron_core": importlib.metadata.version("megatron-core"),
         "iters": args.iters,
         "warmup": args.warmup,
         "sizes": {k: getattr(args, k) for k in ("hidden", "layers", "ffn", "vocab", "seq")},

@@ -57,6 +57,16 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _megatron_version() -> str:
+    # megatron.core.__version__ may carry the git hash of the current directory; ask pip's record
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "?"
+
+
 def _progress(message: str) -> None:
     print(f"[mtp-hooks demo] {message}", file=sys.stderr, flush=True)
 
@@ -171,13 +181,13 @@ def run_demo(policy: str = "train=run,eval=skip,rollout=skip", models: str = "gp
         raise PolicyError(f"--models: unknown model {sorted(unknown)}; choose from gpt, hybrid")
     _progress("importing torch and megatron-core ...")
     with _quiet():
-        import megatron.core
+        import megatron.core.models.gpt  # noqa: F401  (import-time warnings stay quiet)
         import torch
 
         from . import megatron as adapters
         from . import tiny_models
 
-    version = getattr(megatron.core, "__version__", "?")
+    version = _megatron_version()
     torch.manual_seed(0)
     spec = tiny_models.TinySpec(hidden_size=64, num_layers=2, vocab_size=256, seq_length=64)
     ids = torch.randint(0, spec.vocab_size, (4, spec.seq_length))

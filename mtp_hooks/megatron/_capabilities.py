@@ -72,18 +72,19 @@ def inference_arg_index(cls: type) -> dict[str, int | None]:
     return out
 
 
-@functools.lru_cache(maxsize=1)
-def _inference_mode() -> Any:
-    try:
-        from megatron.core.inference.utils import InferenceMode
-    except ImportError:
-        return None
-    return InferenceMode if hasattr(InferenceMode, "is_active") else None
+_INFERENCE_MODE: list[Any] = []  # [InferenceMode class or None], filled on first use
 
 
 def inference_mode_active() -> bool:
     """Whether megatron's process-wide ``InferenceMode`` flag is set (0.18+; False before)."""
-    mode = _inference_mode()
+    if not _INFERENCE_MODE:
+        try:
+            from megatron.core.inference.utils import InferenceMode
+        except ImportError:
+            InferenceMode = None  # noqa: N806
+        ok = InferenceMode is not None and hasattr(InferenceMode, "is_active")
+        _INFERENCE_MODE.append(InferenceMode if ok else None)
+    mode = _INFERENCE_MODE[0]
     return bool(mode is not None and mode.is_active())
 
 
