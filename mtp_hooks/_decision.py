@@ -12,11 +12,10 @@ The outcome never depends on pluggy's call order.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _phases, _policy, _roles
+from . import _env, _phases, _policy, _roles
 from ._errors import PolicyConflictError
 from .plugins import _registry
 
@@ -104,7 +103,7 @@ def decide(model: Any, phase: _phases.Phase | str) -> Decision:
             memo[(role, canonical)] = decision
     else:
         decision = _plugin_decision(model, canonical, role)
-    if os.environ.get(ENV_TRACE, "") not in ("", "0"):
+    if _env.flag(ENV_TRACE):
         logger.info(
             "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s",
             canonical,

@@ -14,7 +14,7 @@ from typing import Any
 
 import pluggy
 
-from . import hookspecs
+from . import _env, hookspecs
 from ._errors import PluginLoadError, PolicyError
 
 __all__ = [
@@ -39,10 +39,6 @@ class PluginInfo:
     version: str | None
     hooks: tuple[str, ...]
     blocked: bool = False
-
-
-def _truthy(value: str | None) -> bool:
-    return (value or "").strip().lower() in {"1", "true", "yes", "on"}
 
 
 def _blocked_names() -> list[str]:
@@ -206,7 +202,7 @@ def _registry() -> PluginRegistry:
     registry = _state.get("registry")
     if registry is None:
         registry = PluginRegistry()
-        if not _truthy(os.environ.get(ENV_DISABLE_AUTOLOAD)):
+        if not _env.flag(ENV_DISABLE_AUTOLOAD):
             registry.load_entry_points()
         _state["registry"] = registry
     return registry

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import weakref
 from typing import Any
 
 import torch
 
-from .. import _roles
+from .. import _env, _roles
 from .._errors import PolicyError, UnsupportedModelError
 from . import _capabilities, _distributed
 from ._gate import MTPGate
@@ -112,7 +111,7 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
             )
         return handle
     if verify is None:
-        verify = os.environ.get(ENV_VERIFY, "").strip().lower() in {"1", "true", "yes", "on"}
+        verify = _env.flag(ENV_VERIFY)
     if role is not None and not (isinstance(role, str) and role.isidentifier()):
         raise PolicyError(f"mtp_hooks.attach: role {role!r} is not an identifier such as 'teacher'")
     # Build every gate (which validates the config) before changing anything on the models.
