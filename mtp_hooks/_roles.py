@@ -11,6 +11,13 @@ __all__ = ["set_role", "role_of"]
 _roles: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 
+def check_role(role: object, where: str) -> str:
+    """Return ``role`` if it is an identifier, else raise :class:`PolicyError` from ``where``."""
+    if not isinstance(role, str) or not role.isidentifier():
+        raise PolicyError(f"{where}: role {role!r} is not an identifier such as 'teacher'")
+    return role
+
+
 def set_role(model: object, role: str | None) -> None:
     """Give ``model`` a role that the policy config (``ROLE.PHASE``) and plugins can see.
 
@@ -28,8 +35,7 @@ def set_role(model: object, role: str | None) -> None:
     if role is None:
         _roles.pop(model, None)
         return
-    if not isinstance(role, str) or not role.isidentifier():
-        raise PolicyError(f"set_role: role {role!r} is not an identifier such as 'teacher'")
+    check_role(role, "set_role")
     try:
         _roles[model] = role
     except TypeError as exc:

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from .. import _env, _roles
-from .._errors import PolicyError, UnsupportedModelError
+from .._errors import UnsupportedModelError
 from . import _capabilities, _distributed
 from ._gate import MTPGate
 
@@ -112,8 +112,8 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
         return handle
     if verify is None:
         verify = _env.flag(ENV_VERIFY)
-    if role is not None and not (isinstance(role, str) and role.isidentifier()):
-        raise PolicyError(f"mtp_hooks.attach: role {role!r} is not an identifier such as 'teacher'")
+    if role is not None:
+        _roles.check_role(role, "mtp_hooks.attach")
     # Build every gate (which validates the config) before changing anything on the models.
     gates = [MTPGate(m, wrappers, verify) for m in models if _capabilities.has_mtp(m)]
     for m in models:

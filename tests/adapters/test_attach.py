@@ -229,3 +229,10 @@ def test_a_role_set_on_the_wrapper_reaches_the_model_inside(build):
     mtp_hooks.set_role(wrapper, "teacher")
     mtp_hooks.attach(wrapper)
     assert mtp_hooks.role_of(model) == "teacher"
+
+
+def test_a_malformed_role_is_refused_before_anything_is_installed(build):
+    model = build()
+    with pytest.raises(mtp_hooks.PolicyError, match="mtp_hooks.attach: role 'bad role'"):
+        mtp_hooks.attach(model, role="bad role")
+    assert not model._forward_pre_hooks and mtp_hooks.role_of(model) is None
