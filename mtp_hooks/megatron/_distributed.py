@@ -12,11 +12,13 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._errors import DecisionMismatchError, UnsupportedModelError
+from ._capabilities import has_mtp
 
 if TYPE_CHECKING:
     from .._decision import Decision
@@ -88,17 +90,28 @@ def megatron_ddps(wrappers: list[torch.nn.Module]) -> list[Any]:
     return [w for w in wrappers if hasattr(w, "param_to_bucket_group") and hasattr(w, "ddp_config")]
 
 
-def after_skipped_forward(gate: MTPGate, output: Any) -> Any:
-    """Settle param gathers and gradient buckets for the MTP parameters a skip left unused."""
-    for ddp in gate.megatron_ddps:
+def mtp_param_gather_groups(
+    ddps: list[Any], params: list[tuple[str, torch.nn.Parameter]]
+) -> list[Any]:
+    """The bucket groups holding MTP parameters whose all-gather DDP starts from forward hooks.
+
+    DDP fixes its buckets when it is built, so this is computed once, at attach time.
+    """
+    groups: dict[int, Any] = {}
+    for ddp in ddps:
         if getattr(ddp.ddp_config, "overlap_param_gather", False) and getattr(
             ddp, "use_forward_hook", False
         ):
-            groups = {
-                id(g): g for _, p in gate.mtp_params if (g := ddp.param_to_bucket_group.get(p))
-            }
-            for group in groups.values():
-                group.finish_param_sync(skip_next_bucket_dispatch=True)
+            for _, p in params:
+                if (group := ddp.param_to_bucket_group.get(p)) is not None:
+                    groups[id(group)] = group
+    return list(groups.values())
+
+
+def after_skipped_forward(gate: MTPGate, output: Any) -> Any:
+    """Settle param gathers and gradient buckets for the MTP parameters a skip left unused."""
+    for group in gate.param_gather_groups:
+        group.finish_param_sync(skip_next_bucket_dispatch=True)
     if not torch.is_grad_enabled() or not gate.mtp_params:
         return None
     # Megatron DDP sets main_grad on every parameter it manages; torch DDP is seen at attach.
@@ -107,9 +120,7 @@ def after_skipped_forward(gate: MTPGate, output: Any) -> Any:
     if not params:
         return None
     if not (torch.is_tensor(output) and output.requires_grad):
-        from ._gate import warn_once
-
-        warn_once(
+        _warn_once(
             "mtp_hooks: MTP was skipped under DDP but the model output is not a tensor that "
             "requires grad, so the MTP parameters get no zero gradient; with "
             "overlap_grad_reduce=True the grad sync may fail. Use mtp_hooks.freeze_mtp(model) "
@@ -120,6 +131,16 @@ def after_skipped_forward(gate: MTPGate, output: Any) -> Any:
 
     out = _ZeroGradDependency.apply(output, *params)
     return make_viewless_tensor(out, requires_grad=True, keep_graph=True)
+
+
+_warned: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Emit ``message`` as a RuntimeWarning once per process."""
+    if message not in _warned:
+        _warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def _groups(phase: Any) -> Any:
@@ -176,23 +197,13 @@ def freeze_mtp_parameters(
     models: list[torch.nn.Module], wrappers: list[torch.nn.Module]
 ) -> list[str]:
     """Set ``requires_grad=False`` on every MTP-only parameter; refuse already wrapped models."""
-    if wrappers or any(
-        hasattr(p, "main_grad") for m in models if _has_mtp(m) for _, p in mtp_only_parameters(m)
-    ):
+    params = [named for m in models if has_mtp(m) for named in mtp_only_parameters(m)]
+    if wrappers or any(hasattr(p, "main_grad") for _, p in params):
         raise UnsupportedModelError(
             "mtp_hooks.freeze_mtp must be called before the model is wrapped in DDP: the wrapper "
             "has already put the MTP parameters in its gradient buckets. Call freeze_mtp on the "
             "bare GPTModel/HybridModel, then wrap it."
         )
-    frozen = []
-    for model in models:
-        if not _has_mtp(model):
-            continue
-        for name, param in mtp_only_parameters(model):
-            param.requires_grad_(False)
-            frozen.append(name)
-    return frozen
-
-
-def _has_mtp(model: torch.nn.Module) -> bool:
-    return hasattr(model, "mtp") and bool(getattr(model, "mtp_process", False))
+    for _, param in params:
+        param.requires_grad_(False)
+    return [name for name, _ in params]

@@ -16,7 +16,6 @@ call after its isinstance checks; skipping those checks halves the per-call cost
 from __future__ import annotations
 
 import copy
-import warnings
 from collections import Counter
 from typing import Any
 
@@ -52,6 +51,9 @@ class MTPGate:
             isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers
         )
         self.mtp_params = _distributed.mtp_only_parameters(model)
+        self.param_gather_groups = _distributed.mtp_param_gather_groups(
+            self.megatron_ddps, self.mtp_params
+        )
         self.frames: list[tuple[bool, Any, Any, bool]] = []
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
         self.counts: Counter[tuple[str, str]] = Counter()
@@ -207,13 +209,3 @@ def config_without_mtp(config: Any) -> Any:
         new.__dict__.update(state)
     new.mtp_num_layers = None
     return new
-
-
-def warn_once(message: str) -> None:
-    """Emit ``message`` as a RuntimeWarning once per process."""
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-_warned: set[str] = set()
