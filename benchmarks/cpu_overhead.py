@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import timeit
@@ -59,12 +58,9 @@ def bench_hooks() -> dict[str, float]:
 
     from mtp_hooks import tiny_models
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        tiny_models.init_single_process(port=port)
+        tiny_models.init_single_process(port=tiny_models.free_port())
         tiny_models.reset_mtp_loss_tracker()
         torch.manual_seed(0)
         model = tiny_models.build_gpt(attention="sdpa")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import io
 import logging
-import socket
 import statistics
 import sys
 import time
@@ -49,12 +48,6 @@ def _quiet() -> Iterator[None]:
             yield
         finally:
             logging.disable(previous)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _megatron_version() -> str:
@@ -195,7 +188,7 @@ def run_demo(policy: str = "train=run,eval=skip,rollout=skip", models: str = "gp
     batch = (ids, pos, torch.roll(ids, -1, dims=1))
     rows: list[Row] = []
     with _quiet():
-        tiny_models.init_single_process(port=_free_port())
+        tiny_models.init_single_process(port=tiny_models.free_port())
     for name in wanted:
         builder = tiny_models.build_gpt if name == "gpt" else tiny_models.build_hybrid
         _progress(f"building a tiny {name} model with one MTP layer (megatron-core {version}) ...")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,6 +24,7 @@ from . import _local_specs
 
 __all__ = [
     "TinySpec",
+    "free_port",
     "init_single_process",
     "build_gpt",
     "build_hybrid",
@@ -48,6 +50,13 @@ class TinySpec:
     bias: bool = True
     params_dtype: torch.dtype = torch.float32
     extra: dict[str, Any] | None = None
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now, for a process group's MASTER_PORT."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def init_single_process(port: int | None = None) -> None:

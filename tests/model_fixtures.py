@@ -10,7 +10,6 @@ stand-ins live here, in the test harness, and nowhere in the library.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,12 +37,6 @@ __all__ = [
 SEQ, BATCH, VOCAB = 16, 2, 128
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def has_hybrid() -> bool:
     try:
         import megatron.core.models.hybrid.hybrid_model  # noqa: F401
@@ -55,7 +48,7 @@ def has_hybrid() -> bool:
 @pytest.fixture(scope="session")
 def megatron_cpu():
     """One gloo rank with megatron's parallel state, and a CPU scratch buffer for attention."""
-    tiny_models.init_single_process(port=free_port())
+    tiny_models.init_single_process(port=tiny_models.free_port())
     install_cpu_memory_buffer()
     yield
 

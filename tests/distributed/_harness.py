@@ -14,18 +14,13 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import socket
 import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from mtp_hooks import tiny_models
+
 from cpu_stand_ins import install_cpu_memory_buffer, point_cuda_current_device_at_cpu
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def init_rank(rank: int, world: int, port: int, tp: int) -> None:
@@ -67,7 +62,7 @@ def run_ranks(
 ) -> list[dict]:
     """Run ``scenario(rank)`` on ``world`` gloo ranks; return each rank's result dict."""
     ctx = mp.get_context("spawn")
-    port = free_port()
+    port = tiny_models.free_port()
     procs = [
         ctx.Process(target=_entry, args=(scenario, r, world, port, tp, str(tmp)))
         for r in range(world)

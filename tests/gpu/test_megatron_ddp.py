@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import copy
 import math
-import os
-import socket
 
 import pytest
 
@@ -32,10 +30,7 @@ STEPS, MICROBATCHES, SEQ, MBS, VOCAB = 3, 4, 128, 2, 1024
 
 @pytest.fixture(scope="module")
 def megatron_gpu():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-    tiny_models.init_single_process()
+    tiny_models.init_single_process(port=tiny_models.free_port())
     yield
 
 
