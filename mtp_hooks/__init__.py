@@ -14,13 +14,14 @@ from ._decision import Decision, decide, explain
 from ._errors import (
     DecisionMismatchError,
     MTPHooksError,
+    PluginError,
     PluginLoadError,
     PolicyConflictError,
     PolicyError,
     UnsupportedModelError,
 )
 from ._phases import Phase, current_phase, declare_phase, phase
-from ._policy import configure
+from ._policy import configure, reload
 from ._roles import role_of, set_role
 from .hookspecs import hookimpl, hookspec
 from .plugins import get_plugin_manager, list_plugins, register, unregister
@@ -34,6 +35,7 @@ __all__ = [
     "DecisionMismatchError",
     "MTPHooksError",
     "Phase",
+    "PluginError",
     "PluginLoadError",
     "PolicyConflictError",
     "PolicyError",
@@ -52,6 +54,7 @@ __all__ = [
     "list_plugins",
     "phase",
     "register",
+    "reload",
     "reset",
     "role_of",
     "set_role",

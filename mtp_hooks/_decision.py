@@ -15,13 +15,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _env, _phases, _policy, _roles
+from . import _phases, _policy, _roles
 from ._errors import PolicyConflictError
 from .plugins import _registry
 
-__all__ = ["Decision", "decide", "explain"]
-
-ENV_TRACE = "MTP_HOOKS_TRACE"
 logger = logging.getLogger("mtp_hooks")
 
 
@@ -83,6 +80,7 @@ def decide(model: Any, phase: _phases.Phase | str) -> Decision:
     Raises:
         PolicyError: Unknown phase, malformed config source, or a plugin returned a non-bool.
         PolicyConflictError: Plugins disagree and the config does not settle it.
+        PluginError: A plugin's ``should_run_mtp`` raised; the original error is chained.
 
     Example:
         >>> import mtp_hooks
@@ -91,29 +89,35 @@ def decide(model: Any, phase: _phases.Phase | str) -> Decision:
         False
     """
     canonical = _phases.normalize(phase, "mtp_hooks.decide()")
-    role = _roles.role_of(model)
-    entry = _policy.lookup(
-        role, canonical.value if isinstance(canonical, _phases.Phase) else canonical
-    )
+    return decide_normalized(model, canonical, _roles.role_of(model))[0]
+
+
+def decide_normalized(
+    model: Any, phase: _phases.Phase | str, role: str | None
+) -> tuple[Decision, bool]:
+    """:func:`decide` for a phase already normalized; also says whether the result may be cached.
+
+    A decision may be reused until :func:`mtp_hooks._generation.current` changes when no plugin
+    was consulted: the config decided, or no plugin implements ``should_run_mtp``.
+    """
+    entry = _policy.lookup(role, str(phase))
     if entry is not None and entry.value != "auto":
-        memo = _policy.memo()
-        decision = memo.get((role, canonical))
-        if decision is None:  # a config decision is a pure function of (role, phase): reuse it
-            decision = Decision(entry.value == "run", "config", {}, canonical, role, entry.source)
-            memo[(role, canonical)] = decision
+        decision = Decision(entry.value == "run", "config", {}, phase, role, entry.source)
+        cacheable = True
     else:
-        decision = _plugin_decision(model, canonical, role)
-    if _env.flag(ENV_TRACE):
+        decision = _plugin_decision(model, phase, role)
+        cacheable = not decision.votes
+    if _policy.tracing():
         logger.info(
             "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s",
-            canonical,
+            phase,
             role,
             decision.votes,
             decision.run,
             decision.decided_by,
             f" source={decision.source}" if decision.source else "",
         )
-    return decision
+    return decision, cacheable
 
 
 def explain(model: Any, phase: _phases.Phase | str) -> str:

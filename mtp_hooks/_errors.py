@@ -12,6 +12,7 @@ __all__ = [
     "PolicyError",
     "PolicyConflictError",
     "PluginLoadError",
+    "PluginError",
     "UnsupportedModelError",
     "DecisionMismatchError",
 ]
@@ -31,6 +32,10 @@ class PolicyConflictError(MTPHooksError):
 
 class PluginLoadError(MTPHooksError):
     """An entry-point plugin failed to import, to register or to validate."""
+
+
+class PluginError(MTPHooksError):
+    """A plugin's hook raised while deciding; the plugin's own exception is chained."""
 
 
 class UnsupportedModelError(MTPHooksError, TypeError):

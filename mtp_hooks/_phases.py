@@ -11,9 +11,8 @@ import contextvars
 import enum
 from collections.abc import Iterator
 
+from . import _generation
 from ._errors import PolicyError
-
-__all__ = ["Phase", "phase", "current_phase", "declare_phase"]
 
 
 class Phase(str, enum.Enum):
@@ -59,8 +58,9 @@ def declare_phase(name: str) -> str:
         'distill'
     """
     _check_name(name, "declare_phase:")
-    if name not in _BUILTIN:
+    if name not in _BUILTIN and name not in _declared:
         _declared.add(name)
+        _generation.advance()
     return name
 
 
@@ -123,3 +123,4 @@ def current_phase() -> Phase | str | None:
 
 def _reset() -> None:
     _declared.clear()
+    _generation.advance()

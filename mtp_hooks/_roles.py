@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import weakref
 
+from . import _generation
 from ._errors import PolicyError
-
-__all__ = ["set_role", "role_of"]
 
 _roles: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
@@ -34,10 +33,12 @@ def set_role(model: object, role: str | None) -> None:
     """
     if role is None:
         _roles.pop(model, None)
+        _generation.advance()
         return
     check_role(role, "set_role")
     try:
         _roles[model] = role
+        _generation.advance()
     except TypeError as exc:
         raise PolicyError(
             f"set_role: {type(model).__name__} objects cannot be weakly referenced; "
@@ -57,3 +58,4 @@ def role_of(model: object) -> str | None:
 
 def _reset() -> None:
     _roles.clear()
+    _generation.advance()

@@ -9,13 +9,14 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 import pluggy
 
-from . import _env, hookspecs
-from ._errors import PluginLoadError, PolicyError
+from . import _env, _generation, hookspecs
+from ._errors import PluginError, PluginLoadError, PolicyError
 
 __all__ = [
     "PluginInfo",
@@ -80,7 +81,7 @@ class PluginRegistry:
                     plugin = ep.load()
                     if inspect.isclass(plugin):
                         plugin = plugin()
-                    self.pm.register(plugin, name=ep.name)
+                    self.register(plugin, name=ep.name)
                 except Exception as exc:
                     raise PluginLoadError(
                         f"mtp_hooks plugin {ep.name!r} (entry point {ep.value!r} of distribution "
@@ -115,24 +116,67 @@ class PluginRegistry:
     # -- registration ------------------------------------------------------------------------
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register ``plugin`` and validate its hooks; nothing stays registered on failure."""
+        label = name or repr(plugin)
+        if plugin is None or isinstance(plugin, (str, bytes, int, float, bool)):
+            raise PluginLoadError(
+                f"cannot register {plugin!r} as an mtp_hooks plugin: pass a module, a class "
+                "instance or another object whose hook functions carry @mtp_hooks.hookimpl"
+            )
+        options = self._hook_options(plugin)
+        if not options:
+            raise PluginLoadError(
+                f"mtp_hooks plugin {label}: implements no mtp_hooks hook; decorate its "
+                "should_run_mtp or declare_phases with @mtp_hooks.hookimpl (a hookimpl marker of "
+                "another project name is not seen)"
+            )
+        wrappers = sorted(n for n, o in options.items() if o.get("hookwrapper") or o.get("wrapper"))
+        if wrappers:
+            raise PluginLoadError(
+                f"mtp_hooks plugin {label}: {', '.join(wrappers)} is declared as a hook wrapper; "
+                "mtp-hooks counts each plugin's own vote by name, so a wrapper could change "
+                "votes unseen. Drop wrapper=True/hookwrapper=True and return True (run), False "
+                "(skip) or None (abstain)."
+            )
         if name is not None and self.pm.is_blocked(name):
             raise PluginLoadError(
                 f"mtp_hooks plugin {name!r} is blocked by {ENV_DISABLE}; unset it to register"
             )
         try:
             registered = self.pm.register(plugin, name=name)
-        except ValueError as exc:
-            raise PluginLoadError(f"cannot register mtp_hooks plugin {name!r}: {exc}") from exc
-        except pluggy.PluginValidationError as exc:
-            raise PluginLoadError(f"invalid mtp_hooks plugin {name!r}: {exc}") from exc
-        assert registered is not None
-        try:
+            if registered is None:
+                raise PluginLoadError(
+                    f"mtp_hooks plugin {label} is blocked by {ENV_DISABLE}; unset it to register"
+                )
             self.check_pending()
+        except ValueError as exc:  # already registered under this name or object
+            raise PluginLoadError(f"cannot register mtp_hooks plugin {label}: {exc}") from exc
+        except pluggy.PluginValidationError as exc:
+            self._discard(plugin, name)
+            raise PluginLoadError(f"invalid mtp_hooks plugin {label}: {exc}") from exc
         except PluginLoadError:
-            self.pm.unregister(plugin)
+            self._discard(plugin, name)
             raise
-        self._phases = None
+        self._changed()
         return registered
+
+    def _hook_options(self, plugin: object) -> dict[str, dict[str, Any]]:
+        """The hookimpl options of every attribute of ``plugin`` marked for mtp_hooks."""
+        found: dict[str, dict[str, Any]] = {}
+        for attr in dir(plugin):
+            try:
+                opts = self.pm.parse_hookimpl_opts(plugin, attr)
+            except Exception:  # an attribute that raises on access is no hook
+                opts = None
+            if opts is not None:
+                found[opts.get("specname") or attr] = dict(opts)
+        return found
+
+    def _discard(self, plugin: object, name: str | None) -> None:
+        """Undo a registration that pluggy left half done (it keeps the name on some versions)."""
+        if self.pm.is_registered(plugin):
+            self.pm.unregister(plugin)
+        elif name is not None and self.pm.has_plugin(name):
+            self.pm.unregister(name=name)
 
     def unregister(self, name_or_plugin: str | object) -> None:
         """Unregister a plugin given by name or by object; unknown ones raise ``PolicyError``."""
@@ -148,15 +192,31 @@ class PluginRegistry:
                 raise PolicyError(f"unregister: {name_or_plugin!r} is not registered")
             self.pm.unregister(name_or_plugin)
             self._dists.pop(name, None)
+        self._changed()
+
+    def _changed(self) -> None:
         self._phases = None
+        _generation.advance()
 
     # -- hook calls --------------------------------------------------------------------------
     def votes(self, model: Any, phase: Any) -> list[tuple[str, bool | None]]:
-        """Call ``should_run_mtp`` on every plugin and return ``(plugin name, vote)`` pairs."""
+        """Call ``should_run_mtp`` on every plugin and return ``(plugin name, vote)`` pairs.
+
+        Raises:
+            PluginError: A plugin raised; its exception is chained and the plugin is named.
+            PolicyError: A plugin returned something other than ``True``, ``False`` or ``None``.
+        """
         kwargs = {"model": model, "phase": phase}
         out: list[tuple[str, bool | None]] = []
         for impl in self.pm.hook.should_run_mtp.get_hookimpls():
-            vote = impl.function(*[kwargs[a] for a in impl.argnames])
+            try:
+                vote = impl.function(*[kwargs[a] for a in impl.argnames])
+            except Exception as exc:
+                raise PluginError(
+                    f"mtp_hooks plugin {impl.plugin_name!r}: should_run_mtp raised "
+                    f"{type(exc).__name__}: {exc}. Fix the plugin, or disable it with "
+                    f"{ENV_DISABLE}={impl.plugin_name}."
+                ) from exc
             if vote is not None and not isinstance(vote, bool):
                 raise PolicyError(
                     f"plugin {impl.plugin_name!r}: should_run_mtp returned {vote!r}; "
@@ -165,14 +225,29 @@ class PluginRegistry:
             out.append((impl.plugin_name, vote))
         return out
 
+    def has_voters(self) -> bool:
+        """Whether any registered plugin implements ``should_run_mtp``."""
+        return bool(self.pm.hook.should_run_mtp.get_hookimpls())
+
     def plugin_phases(self) -> frozenset[str]:
         """Custom phase names declared by plugins through ``declare_phases`` (cached)."""
         if self._phases is None:
             names: set[str] = set()
-            for result in self.pm.hook.declare_phases():
-                for name in result or ():
+            for impl in self.pm.hook.declare_phases.get_hookimpls():
+                result = impl.function()
+                if result is None:
+                    continue
+                if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
+                    raise PolicyError(
+                        f"mtp_hooks plugin {impl.plugin_name!r}: declare_phases returned "
+                        f"{result!r}; return a list of phase names, e.g. [{result!r}]"
+                    )
+                for name in result:
                     if not isinstance(name, str) or not name.isidentifier():
-                        raise PolicyError(f"declare_phases returned invalid phase name {name!r}")
+                        raise PolicyError(
+                            f"mtp_hooks plugin {impl.plugin_name!r}: declare_phases returned "
+                            f"the invalid phase name {name!r}; use identifiers such as 'distill'"
+                        )
                     names.add(name)
             self._phases = frozenset(names)
         return self._phases
@@ -244,3 +319,4 @@ def list_plugins() -> list[PluginInfo]:
 
 def _reset() -> None:
     _state.clear()
+    _generation.advance()

@@ -31,6 +31,7 @@ __all__ = [
     "count_mtp",
     "Batch",
     "SEQ",
+    "native",
     "VOCAB",
 ]
 
@@ -124,3 +125,18 @@ class MTPCounter:
 @pytest.fixture
 def count_mtp() -> Callable[[torch.nn.Module], MTPCounter]:
     return MTPCounter
+
+
+def native(kind):
+    """A model class whose forward takes Megatron-LM main's ``compute_mtp_loss`` keyword."""
+    if kind == "gpt":
+        from megatron.core.models.gpt import GPTModel as Base
+    else:
+        from megatron.core.models.hybrid.hybrid_model import HybridModel as Base
+
+    class NativeFlagModel(Base):
+        def forward(self, *args, compute_mtp_loss: bool = True, **kwargs):
+            self.received.append((compute_mtp_loss, self.mtp_process, self.config))
+            return super().forward(*args, **kwargs)
+
+    return NativeFlagModel

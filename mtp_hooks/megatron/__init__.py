@@ -1,6 +1,6 @@
 """Megatron-Core adapters: gate the MTP block of ``GPTModel`` and ``HybridModel`` per forward call.
 
-Importing this subpackage imports torch but not megatron-core; megatron-core is imported when a
+Importing this subpackage imports neither torch nor megatron-core; they are imported when a
 model is attached.
 """
 

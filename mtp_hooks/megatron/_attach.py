@@ -1,37 +1,59 @@
-"""``attach``/``detach``: install the MTP gate on every language model inside a (wrapped) model."""
+"""``attach``/``detach``: install the MTP gate on every language model inside a (wrapped) model.
+
+torch and megatron-core are imported when a model is attached, not when this module is, so
+``from mtp_hooks import *`` works on a core-only install.
+"""
 
 from __future__ import annotations
 
 import weakref
-from typing import Any
-
-import torch
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 from .. import _env, _roles
 from .._errors import UnsupportedModelError
-from . import _capabilities, _distributed
-from ._gate import MTPGate
 
-__all__ = ["AttachHandle", "attach", "detach", "freeze_mtp"]
+if TYPE_CHECKING:
+    import torch
+
+    from ._gate import MTPGate
 
 ENV_VERIFY = "MTP_HOOKS_VERIFY"
-_attached: weakref.WeakKeyDictionary[torch.nn.Module, AttachHandle] = weakref.WeakKeyDictionary()
+_attached: weakref.WeakKeyDictionary[Any, AttachHandle] = weakref.WeakKeyDictionary()
 
 
 class AttachHandle:
     """The hooks :func:`attach` installed; remove them with :meth:`remove`.
 
+    The handle refers to its models weakly: dropping a model frees it, hooks and all, even
+    while the handle lives on.
+
     Attributes:
-        models: The language models found (with or without MTP on this rank).
-        gated: The subset that carries MTP on this rank and is gated.
         role: The role given at attach time, or ``None``.
     """
 
-    def __init__(self, models: list[torch.nn.Module], gates: list[MTPGate], role: str | None):
-        self.models = models
+    def __init__(
+        self,
+        models: list[torch.nn.Module],
+        gates: list[MTPGate],
+        role: str | None,
+        prior_roles: list[str | None],
+    ):
+        self._models = [weakref.ref(m) for m in models]
+        self._prior_roles = prior_roles
         self.gates = gates
-        self.gated = [g.model for g in gates]
         self.role = role
+
+    @property
+    def models(self) -> list[torch.nn.Module]:
+        """The language models found (with or without MTP on this rank) that are still alive."""
+        return [m for ref in self._models if (m := ref()) is not None]
+
+    @property
+    def gated(self) -> list[torch.nn.Module]:
+        """The subset that carries MTP on this rank and is gated."""
+        return [m for gate in self.gates if (m := gate.model) is not None]
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counts of MTP runs and skips by phase, summed over the gated models.
@@ -46,16 +68,23 @@ class AttachHandle:
         return out
 
     def remove(self) -> None:
-        """Remove every hook; the models are exactly as before :func:`attach`."""
+        """Remove every hook and restore each model's role from before :func:`attach`.
+
+        The models are then exactly as before :func:`attach`; a forward of one of them that is
+        running right now (in a plugin, a submodule hook or another thread) restores it when it
+        returns.
+        """
         for gate in self.gates:
             gate.remove()
-        for model in self.models:
+        for ref, prior in zip(self._models, self._prior_roles, strict=True):
+            model = ref()
+            if model is None:
+                continue
             if _attached.get(model) is self:
                 del _attached[model]
-                if self.role is not None and _roles.role_of(model) == self.role:
-                    _roles.set_role(model, None)
+            if self.role is not None and _roles.role_of(model) == self.role:
+                _roles.set_role(model, prior)
         self.gates = []
-        self.gated = []
 
     def __enter__(self) -> AttachHandle:
         return self
@@ -68,21 +97,37 @@ class AttachHandle:
         return f"<AttachHandle gating {names} role={self.role!r}>"
 
 
+def _adapters() -> tuple[ModuleType, ModuleType, type[MTPGate]]:
+    try:
+        from . import _capabilities, _distributed
+        from ._gate import MTPGate
+    except ImportError as exc:
+        raise UnsupportedModelError(
+            f"mtp_hooks.attach needs torch and megatron-core ({exc}); install them with "
+            "pip install 'mtp-hooks[megatron]'"
+        ) from exc
+    return _capabilities, _distributed, MTPGate
+
+
 def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -> AttachHandle:
     """Make ``model`` consult ``should_run_mtp`` and the policy config at every forward call.
 
     Args:
         model: A ``GPTModel``/``HybridModel``/``MambaModel``, a wrapper of one with a ``.module``
-            chain (Megatron DDP, Float16Module, torch DDP), or a list of virtual-pipeline chunks.
-            Chunks without MTP on this rank are accepted and left untouched. Pass the DDP wrapper
-            when it uses ``overlap_param_gather`` so skipped forwards can settle its gathers.
+            chain (Megatron DDP, Float16Module, torch DDP), or a list of virtual-pipeline chunks
+            (a chunk given twice is gated once). Chunks without MTP on this rank are accepted
+            and left untouched. Pass the DDP wrapper when it uses ``overlap_param_gather`` so
+            skipped forwards can settle its gathers.
         role: A role (``"teacher"``, ``"student"``) for ``ROLE.PHASE`` config keys and plugins;
             defaults to a role already given to ``model`` with :func:`mtp_hooks.set_role`.
+            :meth:`AttachHandle.remove` puts back the role each model had before.
         verify: Check each decision across ranks (one small all-gather per forward); defaults
             to the ``MTP_HOOKS_VERIFY`` environment variable.
 
     Returns:
-        An :class:`AttachHandle`. Attaching an already attached model returns its handle.
+        An :class:`AttachHandle`. Attaching an already attached model returns its handle. A
+        ``copy.deepcopy`` of an attached model is attached through a handle of its own (find it
+        with ``attach(copy)``), with the same role and fresh stats.
 
     Raises:
         UnsupportedModelError: An unsupported type, a compiled model, or a Megatron mode that
@@ -93,7 +138,8 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
         >>> mtp_hooks.configure("train=run,eval=skip,rollout=skip")  # doctest: +SKIP
         >>> handle.remove()  # doctest: +SKIP
     """
-    models, wrappers = _capabilities.unwrap(model)
+    capabilities, distributed, gate_cls = _adapters()
+    models, wrappers = capabilities.unwrap(model)
     if role is None and not isinstance(model, (list, tuple)):
         role = _roles.role_of(model)  # a role set on the wrapper applies to the model inside
     existing = {id(h): h for m in models if (h := _attached.get(m)) is not None}
@@ -115,21 +161,41 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
     if role is not None:
         _roles.check_role(role, "mtp_hooks.attach")
     # Build every gate (which validates the config) before changing anything on the models.
-    gates = [MTPGate(m, wrappers, verify) for m in models if _capabilities.has_mtp(m)]
-    for m in models:
-        if role is not None:
+    gates = [
+        gate_cls(m, distributed.DDPState(m, wrappers), verify)
+        for m in models
+        if capabilities.has_mtp(m)
+    ]
+    prior_roles = [_roles.role_of(m) for m in models]
+    if role is not None:
+        for m in models:
             _roles.set_role(m, role)
     for gate in gates:
+        gate.on_copy = _adopter(role)
         gate.install()
-    handle = AttachHandle(models, gates, role)
+    handle = AttachHandle(models, gates, role, prior_roles)
     for m in models:
         _attached[m] = handle
     return handle
 
 
+def _adopter(role: str | None) -> Callable[[MTPGate], None]:
+    """What a gate calls when its model is deep-copied: give the copy a handle of its own."""
+
+    def adopt(gate: MTPGate) -> None:
+        copy = gate.model
+        assert copy is not None
+        _attached[copy] = AttachHandle([copy], [gate], role, [None])
+        if role is not None:
+            _roles.set_role(copy, role)
+
+    return adopt
+
+
 def detach(model: Any) -> None:
     """Remove the hooks :func:`attach` installed on ``model`` (a no-op if it is not attached)."""
-    models, _ = _capabilities.unwrap(model)
+    capabilities, _, _ = _adapters()
+    models, _ = capabilities.unwrap(model)
     for handle in {id(h): h for m in models if (h := _attached.get(m))}.values():
         handle.remove()
 
@@ -148,5 +214,6 @@ def freeze_mtp(model: Any) -> list[str]:
     Raises:
         UnsupportedModelError: The model is already wrapped in DDP.
     """
-    models, wrappers = _capabilities.unwrap(model)
-    return _distributed.freeze_mtp_parameters(models, wrappers)
+    capabilities, distributed, _ = _adapters()
+    models, wrappers = capabilities.unwrap(model)
+    return distributed.freeze_mtp_parameters(models, wrappers)

@@ -14,14 +14,6 @@ import torch
 
 from .._errors import UnsupportedModelError
 
-__all__ = [
-    "language_model_classes",
-    "native_flag",
-    "inference_arg_index",
-    "inference_mode_active",
-    "unwrap",
-]
-
 NATIVE_FLAG = "compute_mtp_loss"
 
 
@@ -88,9 +80,12 @@ def inference_mode_active() -> bool:
     return bool(mode is not None and mode.is_active())
 
 
-def has_inference_context(cls: type, args: tuple, kwargs: dict) -> bool:
-    """Whether a forward call passes an inference context, positionally or by keyword."""
-    for name, index in inference_arg_index(cls).items():
+def has_inference_context(indices: dict[str, int | None], args: tuple, kwargs: dict) -> bool:
+    """Whether a forward call passes an inference context, positionally or by keyword.
+
+    ``indices`` is :func:`inference_arg_index` of the model's class.
+    """
+    for name, index in indices.items():
         if kwargs.get(name) is not None:
             return True
         if index is not None and 0 <= index < len(args) and args[index] is not None:
@@ -145,5 +140,6 @@ def unwrap(model: Any) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
                 )
             wrappers.append(obj)
             obj = inner
-        found.append(obj)
+        if not any(obj is seen for seen in found):  # a chunk given twice is gated once
+            found.append(obj)
     return found, wrappers

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -22,15 +23,6 @@ from ._capabilities import has_mtp
 
 if TYPE_CHECKING:
     from .._decision import Decision
-    from ._gate import MTPGate
-
-__all__ = [
-    "mtp_only_parameters",
-    "refuse_unsupported_config",
-    "after_skipped_forward",
-    "verify_agreement",
-    "freeze_mtp_parameters",
-]
 
 
 def mtp_only_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
@@ -108,29 +100,70 @@ def mtp_param_gather_groups(
     return list(groups.values())
 
 
-def after_skipped_forward(gate: MTPGate, output: Any) -> Any:
-    """Settle param gathers and gradient buckets for the MTP parameters a skip left unused."""
-    for group in gate.param_gather_groups:
-        group.finish_param_sync(skip_next_bucket_dispatch=True)
-    if not torch.is_grad_enabled() or not gate.mtp_params:
-        return None
-    # Megatron DDP sets main_grad on every parameter it manages; torch DDP is seen at attach.
-    under_ddp = gate.torch_ddp or gate.megatron_ddps or hasattr(gate.mtp_params[0][1], "main_grad")
-    params = [p for _, p in gate.mtp_params if p.requires_grad] if under_ddp else None
-    if not params:
-        return None
-    if not (torch.is_tensor(output) and output.requires_grad):
-        _warn_once(
-            "mtp_hooks: MTP was skipped under DDP but the model output is not a tensor that "
-            "requires grad, so the MTP parameters get no zero gradient; with "
-            "overlap_grad_reduce=True the grad sync may fail. Use mtp_hooks.freeze_mtp(model) "
-            "before wrapping in DDP to take MTP out of the gradient buckets."
-        )
-        return None
-    from megatron.core.utils import make_viewless_tensor
+class DDPState:
+    """What a skipped forward owes the DDP wrappers around one model, fixed at attach time.
 
-    out = _ZeroGradDependency.apply(output, *params)
-    return make_viewless_tensor(out, requires_grad=True, keep_graph=True)
+    It holds the MTP-only parameters and the DDP bucket groups they sit in, never the model or
+    the wrappers, so an attached model is freed as soon as its user drops it.
+    """
+
+    def __init__(self, model: torch.nn.Module, wrappers: list[torch.nn.Module]):
+        ddps = megatron_ddps(wrappers)
+        self._model = weakref.ref(model)
+        self._params: list[torch.nn.Parameter] | None = None
+        self.megatron = bool(ddps)
+        self.wrapped = self.megatron or any(
+            isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers
+        )
+        self.gather_groups = (
+            mtp_param_gather_groups(ddps, mtp_only_parameters(model)) if ddps else []
+        )
+
+    @property
+    def params(self) -> list[torch.nn.Parameter]:
+        """The MTP-only parameters (found at first use: a deep copy is still being built)."""
+        if self._params is None:
+            model = self._model()
+            self._params = [p for _, p in mtp_only_parameters(model)] if model is not None else []
+        return self._params
+
+    def check_skip_allowed(self) -> None:
+        """Refuse a skip on a bare model whose MTP parameters sit in a Megatron DDP buffer."""
+        params = self.params
+        if params and not self.megatron and hasattr(params[0], "main_grad"):
+            raise UnsupportedModelError(
+                "mtp_hooks: this model's MTP parameters are in a Megatron DDP gradient buffer, "
+                "but mtp_hooks was attached to the bare model, so a skipped forward cannot "
+                "settle DDP's param all-gathers (with overlap_param_gather=True the next step "
+                "fails on 'param_gather_handle is None'). Attach the DDP wrapper instead: "
+                "mtp_hooks.attach(ddp_model), or freeze MTP with mtp_hooks.freeze_mtp() before "
+                "wrapping."
+            )
+
+    def after_skipped_forward(self, output: Any) -> Any:
+        """Settle param gathers and gradient buckets for the MTP parameters a skip left unused."""
+        for group in self.gather_groups:
+            group.finish_param_sync(skip_next_bucket_dispatch=True)
+        params = self.params
+        if not torch.is_grad_enabled() or not params:
+            return None
+        # Megatron DDP sets main_grad on every parameter it manages; torch DDP is seen at attach.
+        under_ddp = self.wrapped or hasattr(params[0], "main_grad")
+        needing = [p for p in params if p.requires_grad] if under_ddp else None
+        if not needing:
+            return None
+        if not (torch.is_tensor(output) and output.requires_grad):
+            _warn_once(
+                "mtp_hooks: MTP was skipped under DDP but the model output is not a tensor that "
+                "requires grad, so the MTP parameters get no zero gradient; with "
+                "overlap_grad_reduce=True the grad sync may fail. Use mtp_hooks.freeze_mtp(model) "
+                "before wrapping in DDP to take MTP out of the gradient buckets."
+            )
+            return None
+        from megatron.core.utils import make_viewless_tensor
+
+        out = _ZeroGradDependency.apply(output, *needing)
+        return make_viewless_tensor(out, requires_grad=True, keep_graph=True)
 
 
 _warned: set[str] = set()
@@ -196,7 +229,11 @@ def verify_agreement(decision: Decision, phase: Any) -> None:
 def freeze_mtp_parameters(
     models: list[torch.nn.Module], wrappers: list[torch.nn.Module]
 ) -> list[str]:
-    """Set ``requires_grad=False`` on every MTP-only parameter; refuse already wrapped models."""
+    """Set ``requires_grad=False`` on every MTP-only parameter and freeze MTP routers' expert bias.
+
+    Refuses, changing nothing, an already wrapped model and an MoE MTP router whose expert bias
+    this megatron-core cannot hold still.
+    """
     params = [named for m in models if has_mtp(m) for named in mtp_only_parameters(m)]
     if wrappers or any(hasattr(p, "main_grad") for _, p in params):
         raise UnsupportedModelError(
@@ -204,6 +241,24 @@ def freeze_mtp_parameters(
             "has already put the MTP parameters in its gradient buckets. Call freeze_mtp on the "
             "bare GPTModel/HybridModel, then wrap it."
         )
+    routers = [r for m in models if has_mtp(m) for r in mtp_routers_with_expert_bias(m)]
+    if any(not hasattr(r, "frozen_expert_bias") for r in routers):
+        raise UnsupportedModelError(
+            "mtp_hooks.freeze_mtp: the MTP block has MoE routers with an expert bias "
+            "(moe_router_enable_expert_bias=True), which finalize_model_grads moves whenever the "
+            "module is in training mode, and this megatron-core's router has no "
+            "frozen_expert_bias flag to stop it, so the MTP layer cannot be frozen. Use a "
+            "megatron-core whose TopKRouter has frozen_expert_bias (0.19 has it), set "
+            "moe_router_enable_expert_bias=False, or skip MTP by policy instead (a skipped "
+            "router counts no tokens, so its bias does not move)."
+        )
     for _, param in params:
         param.requires_grad_(False)
+    for router in routers:
+        router.frozen_expert_bias = True
     return [name for name, _ in params]
+
+
+def mtp_routers_with_expert_bias(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The MoE routers inside ``model.mtp`` that carry an ``expert_bias`` buffer."""
+    return [m for m in model.mtp.modules() if getattr(m, "expert_bias", None) is not None]

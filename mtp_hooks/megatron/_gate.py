@@ -6,84 +6,113 @@ Megatron reads: ``model.mtp_process`` and ``model.config.mtp_num_layers`` (throu
 of the config, never the shared object). The forward hook, registered first and with
 ``always_call=True``, restores both before anything else, also when forward raises.
 
-Each call pushes exactly one frame, so nested and re-entrant forwards restore in LIFO order.
+Every call pushes one :class:`_Frame` naming the interpreter frame that runs it (torch's own
+hook-calling frame, alive exactly as long as the call). That makes three things decidable:
+
+* **Interrupted calls.** torch runs ``always_call`` hooks for ``Exception`` only, so a
+  ``KeyboardInterrupt`` or ``SystemExit`` leaves a frame whose caller is gone. The next forward
+  of the model, ``remove()`` and ``detach()`` find it and restore the gates first.
+* **Threads.** Frames carry their thread. A call that would change the shared gates while
+  another thread's forward of the same model is running raises instead of swapping decisions.
+* **Removal from inside a forward.** ``remove()`` then leaves the restoring hook in place
+  until the running calls have returned, so each forward completes in one consistent state.
 
 The gates are written with ``object.__setattr__``: both are plain instance attributes (never
 parameters, buffers or submodules), for which ``nn.Module.__setattr__`` ends in exactly that
-call after its isinstance checks; skipping those checks halves the per-call cost.
+call after its isinstance checks.
 """
 
 from __future__ import annotations
 
 import copy
-from collections import Counter
-from typing import Any
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from types import FrameType
+from typing import Any, NamedTuple
 
 import torch
 
-from .. import _decision, _phases
-from .._errors import UnsupportedModelError
+from .. import _decision, _phases, _policy, _roles
+from .._errors import MTPHooksError, UnsupportedModelError
 from . import _capabilities, _distributed
 
-__all__ = ["MTPGate"]
 
-# A frame is (restore, mtp_process, config, skipped).
-_NOTHING = (False, None, None, False)
-_NATIVE_SKIP = (False, None, None, True)
+class _Frame(NamedTuple):
+    """One running (or interrupted) forward call of the gated model."""
+
+    thread: int
+    owner: FrameType | None  # the interpreter frame that called the pre-hook; None: always stale
+    restore: tuple[Any, Any] | None  # (mtp_process, config) to put back, or None
+    skipped: bool
 
 
 class MTPGate:
     """Consults the policy at every forward of one language model and gates its MTP block."""
 
-    def __init__(self, model: torch.nn.Module, wrappers: list[torch.nn.Module], verify: bool):
-        self.model = model
+    def __init__(self, model: torch.nn.Module, ddp: _distributed.DDPState, verify: bool):
+        self._model = weakref.ref(model)
         self.cls = type(model)
         self.native = _capabilities.native_flag(self.cls)
+        self.inference_args = _capabilities.inference_arg_index(self.cls)
         self.tied_hazard = (
             not self.native
             and not getattr(model, "pre_process", True)
             and bool(getattr(model, "share_embeddings_and_output_weights", False))
         )
         self.verify = verify
-        self.wrappers = wrappers
-        self.megatron_ddps = _distributed.megatron_ddps(wrappers)
-        self.torch_ddp = any(
-            isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers
-        )
-        self.mtp_params = _distributed.mtp_only_parameters(model)
-        self.param_gather_groups = _distributed.mtp_param_gather_groups(
-            self.megatron_ddps, self.mtp_params
-        )
-        self.frames: list[tuple[bool, Any, Any, bool]] = []
+        self.ddp = ddp
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
-        self.counts: Counter[tuple[str, str]] = Counter()
-        self.last_run: bool | None = None
         impl = getattr(model.config, "cuda_graph_impl", "none")
         self.cuda_graphs = impl in ("local", "transformer_engine") or bool(
             getattr(model.config, "enable_cuda_graph", False)
         )
-        self.handles: list[torch.utils.hooks.RemovableHandle] = []
         _distributed.refuse_unsupported_config(model.config)
+        self.frames: list[_Frame] = []
+        self.counts: dict[tuple[str, str], int] = {}
+        self.cache: dict[Any, tuple[int, _decision.Decision]] = {}
+        self.last_run: bool | None = None
+        self.lock = threading.Lock()
+        self.removed = False
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.on_copy: Callable[[MTPGate], None] | None = None  # set by attach: adopt a deepcopy
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The gated model, or ``None`` once it has been garbage-collected."""
+        return self._model()
 
     # -- hook registration -------------------------------------------------------------------
     def install(self) -> None:
         """Register the two hooks on the model, ahead of any other hook of the model."""
+        model = self._model()
+        assert model is not None
         self.handles = [
-            self.model.register_forward_pre_hook(self.pre_hook, with_kwargs=True, prepend=True),
-            self.model.register_forward_hook(
+            model.register_forward_pre_hook(self.pre_hook, with_kwargs=True, prepend=True),
+            model.register_forward_hook(
                 self.post_hook, with_kwargs=True, always_call=True, prepend=True
             ),
         ]
 
     def remove(self) -> None:
-        """Remove both hooks; restores the gates too if called in the middle of a forward."""
-        for handle in self.handles:
-            handle.remove()
-        self.handles = []
-        if self.frames:
-            _set(self.model, "mtp_process", self.base[0])
-            _set(self.model, "config", self.base[1])
-            self.frames.clear()
+        """Remove both hooks and restore the gates.
+
+        Called while a forward of the model runs (from a plugin, a submodule hook or another
+        thread), it removes the pre-hook now and leaves the restoring hook until that forward
+        returns, so no forward sees the gates flip half-way.
+        """
+        with self.lock:
+            self.removed = True
+            if self.handles:
+                self.handles[0].remove()
+            model = self._model()
+            if model is not None:
+                self._prune(model, None)
+            if not self.frames:
+                for handle in self.handles[1:]:
+                    handle.remove()
+                self.handles = []
 
     # -- the hooks -----------------------------------------------------------------------------
     def pre_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
@@ -91,58 +120,111 @@ class MTPGate:
 
         Raises:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
+            MTPHooksError: Another thread runs this model with gates this call must change.
         """
-        self.frames.append(_NOTHING)  # popped by post_hook even if anything below raises
+        owner = sys._getframe(1)
+        if self.frames:  # a running call (nesting, another thread) or an interrupted one
+            with self.lock:
+                self._prune(module, None)
+        key, run = self._consult(module, args, kwargs)
+        with self.lock:
+            if self.removed:  # a plugin removed the gate while deciding: leave this call alone
+                return None
+            return self._apply(module, owner, key, run, args, kwargs)
+
+    def post_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Restore this call's gates first; then settle DDP state after a completed skip."""
+        caller = sys._getframe(1)
+        with self.lock:
+            frames = self.frames
+            if frames and frames[-1].owner is caller:
+                frame: _Frame | None = frames.pop()
+            else:  # forward raised (caller is torch's exception handler) or threads interleave
+                frame = self._pop_own(caller)
+                self._prune(module, caller)
+            if frame is not None and frame.restore is not None:
+                _set(module, "mtp_process", frame.restore[0])
+                _set(module, "config", frame.restore[1])
+            if self.removed and not frames:
+                for handle in self.handles:
+                    handle.remove()
+                self.handles = []
+        if frame is not None and frame.skipped and output is not None:
+            return self.ddp.after_skipped_forward(output)
+        return None
+
+    # -- deciding ------------------------------------------------------------------------------
+    def _consult(
+        self, module: torch.nn.Module, args: tuple, kwargs: dict
+    ) -> tuple[str, bool | None]:
+        """The phase key and decision for this call; ``None`` leaves the call untouched."""
         if _capabilities.inference_mode_active() or _capabilities.has_inference_context(
-            self.cls, args, kwargs
+            self.inference_args, args, kwargs
         ):
-            self.counts[("inference", "untouched")] += 1
-            return None
+            return "inference", None
         if torch.compiler.is_compiling():
             raise UnsupportedModelError(
                 "mtp_hooks: a gated model is running under torch.compile, where forward hooks "
                 "with always_call=True do not run when forward raises. Run it uncompiled, or "
                 "mtp_hooks.detach() it first."
             )
-        if len(self.frames) == 1:
-            self.base = (module.mtp_process, module.config)
-        base_mtp_process, base_config = self.base
+        base_mtp_process, base_config = self.base if self.frames else _current(module)
         if not base_mtp_process or not getattr(base_config, "mtp_num_layers", None):
-            return None  # MTP already off for this model (by someone else): nothing to decide
+            return "", None  # MTP already off for this model (by someone else): nothing to decide
         phase = _phases.current_phase()
         if phase is None:
             training = module.training and torch.is_grad_enabled()
             phase = _phases.Phase.TRAIN if training else _phases.Phase.EVAL
-        decision = _decision.decide(module, phase)
+        generation = _policy.generation()
+        cached = self.cache.get(phase)
+        if cached is not None and cached[0] == generation:
+            decision = cached[1]
+        else:
+            role = _roles.role_of(module)
+            decision, cacheable = _decision.decide_normalized(module, phase, role)
+            if cacheable:
+                self.cache[phase] = (generation, decision)
         if self.verify:
             _distributed.verify_agreement(decision, phase)
         if self.cuda_graphs:
             self._check_cuda_graphs(decision.run)
-        key = phase.value if isinstance(phase, _phases.Phase) else phase
-        if decision.run:
-            self.counts[(key, "run")] += 1
-            if module.mtp_process is base_mtp_process and module.config is base_config:
-                return None
-            self.frames[-1] = (True, module.mtp_process, module.config, False)
-            _set(module, "mtp_process", base_mtp_process)
-            _set(module, "config", base_config)
+        return str(phase), decision.run
+
+    def _apply(
+        self,
+        module: torch.nn.Module,
+        owner: FrameType,
+        key: str,
+        run: bool | None,
+        args: tuple,
+        kwargs: dict,
+    ) -> Any:
+        """Push this call's frame and set the gates (under the lock)."""
+        thread = threading.get_ident()
+        if not self.frames:
+            self.base = _current(module)
+        if run is None:
+            if key:
+                self._count(key, "untouched")
+            self.frames.append(_Frame(thread, owner, None, False))
             return None
-        if (
-            self.mtp_params
-            and not self.megatron_ddps
-            and hasattr(self.mtp_params[0][1], "main_grad")
-        ):
-            raise UnsupportedModelError(
-                "mtp_hooks: this model's MTP parameters are in a Megatron DDP gradient buffer, "
-                "but mtp_hooks was attached to the bare model, so a skipped forward cannot "
-                "settle DDP's param all-gathers (with overlap_param_gather=True the next step "
-                "fails on 'param_gather_handle is None'). Attach the DDP wrapper instead: "
-                "mtp_hooks.attach(ddp_model), or freeze MTP with mtp_hooks.freeze_mtp() before "
-                "wrapping."
-            )
+        base = self.base
+        current = _current(module)
+        toggled = current[0] is not base[0] or current[1] is not base[1]
+        if run:
+            if toggled and self._other_thread(thread):
+                self._refuse_concurrent(module, "run")
+            self._count(key, "run")
+            restore = current if toggled else None
+            if toggled:
+                _set(module, "mtp_process", base[0])
+                _set(module, "config", base[1])
+            self.frames.append(_Frame(thread, owner, restore, False))
+            return None
+        self.ddp.check_skip_allowed()
         if self.native:
-            self.counts[(key, "skip")] += 1
-            self.frames[-1] = _NATIVE_SKIP
+            self._count(key, "skip")
+            self.frames.append(_Frame(thread, owner, None, True))
             return args, {**kwargs, _capabilities.NATIVE_FLAG: False}
         if self.tied_hazard:
             raise UnsupportedModelError(
@@ -153,23 +235,56 @@ class MTPGate:
                 "runs MTP here, set share_embeddings_and_output_weights=False, or upgrade to a "
                 "megatron-core whose HybridModel.forward accepts compute_mtp_loss."
             )
-        self.counts[(key, "skip")] += 1
-        self.frames[-1] = (True, module.mtp_process, module.config, True)
+        if self._other_thread(thread):
+            self._refuse_concurrent(module, "skip")
+        self._count(key, "skip")
+        self.frames.append(_Frame(thread, owner, current, True))
         _set(module, "mtp_process", False)
-        _set(module, "config", config_without_mtp(base_config))
+        _set(module, "config", config_without_mtp(base[1]))
         return None
 
-    def post_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        """Restore this call's gates first; then settle DDP state after a completed skip."""
-        restore, mtp_process, config, skipped = self.frames.pop() if self.frames else _NOTHING
-        if restore:
-            _set(module, "mtp_process", mtp_process)
-            _set(module, "config", config)
-        if skipped and output is not None:
-            return _distributed.after_skipped_forward(self, output)
+    # -- frames --------------------------------------------------------------------------------
+    def _prune(self, module: torch.nn.Module, finished: FrameType | None) -> None:
+        """Drop frames whose call is over (``finished`` counts as over), newest first, restoring
+        what each changed. Only interrupted calls leave such frames behind."""
+        me = threading.get_ident()
+        others = sys._current_frames() if self._other_thread(me) else {}
+        here = sys._getframe()
+        for i in range(len(self.frames) - 1, -1, -1):
+            frame = self.frames[i]
+            top = here if frame.thread == me else others.get(frame.thread)
+            owner = frame.owner
+            if owner is not None and owner is not finished and _on_stack(owner, top):
+                continue
+            del self.frames[i]
+            if frame.restore is not None:
+                _set(module, "mtp_process", frame.restore[0])
+                _set(module, "config", frame.restore[1])
+
+    def _pop_own(self, caller: FrameType) -> _Frame | None:
+        for i in range(len(self.frames) - 1, -1, -1):
+            if self.frames[i].owner is caller:
+                return self.frames.pop(i)
         return None
+
+    def _other_thread(self, thread: int) -> bool:
+        return any(f.thread != thread for f in self.frames)
+
+    def _refuse_concurrent(self, module: torch.nn.Module, decision: str) -> None:
+        others = sorted({f.thread for f in self.frames if f.thread != threading.get_ident()})
+        raise MTPHooksError(
+            f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
+            f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "
+            "other way. The MTP gates are attributes of the shared model, so two threads cannot "
+            "hold different decisions at once. Forward one model per thread, serialize the "
+            "forwards of this model, or use a megatron-core whose forward accepts the native "
+            "compute_mtp_loss flag (per call, no such limit)."
+        )
 
     # -- helpers -------------------------------------------------------------------------------
+    def _count(self, key: str, what: str) -> None:
+        self.counts[(key, what)] = self.counts.get((key, what), 0) + 1
+
     def _check_cuda_graphs(self, run: bool) -> None:
         """Refuse a decision that differs from the last one on a model with CUDA graphs."""
         if self.last_run is not None and self.last_run != run:
@@ -190,8 +305,47 @@ class MTPGate:
             out.setdefault(phase, {})[what] = n
         return out
 
+    # -- copies --------------------------------------------------------------------------------
+    def __deepcopy__(self, memo: dict[int, Any]) -> MTPGate:
+        """A gate of its own for a deep copy of the model, which ``on_copy`` registers.
+
+        Reached through the hooks in the model's hook dicts, so the copied model is in ``memo``
+        (still being filled). The copy starts with the gates of the original's base, even when
+        the original was copied in the middle of a forward.
+        """
+        model = self._model()
+        if model is None or id(model) not in memo:
+            raise UnsupportedModelError(
+                "mtp_hooks: copy the attached model itself, not its gate or AttachHandle"
+            )
+        new = object.__new__(MTPGate)
+        new.__dict__.update(self.__dict__)
+        new._model = weakref.ref(memo[id(model)])
+        new.ddp = _distributed.DDPState(memo[id(model)], [])
+        new.base = copy.deepcopy(self.base, memo)
+        new.frames = [_Frame(0, None, new.base, False)] if self.frames else []
+        new.counts, new.cache, new.last_run = {}, {}, None
+        new.lock, new.removed = threading.Lock(), False
+        memo[id(self)] = new
+        new.handles = copy.deepcopy(self.handles, memo)
+        if self.on_copy is not None:
+            self.on_copy(new)
+        return new
+
 
 _set = object.__setattr__
+
+
+def _current(module: torch.nn.Module) -> tuple[Any, Any]:
+    return module.mtp_process, module.config
+
+
+def _on_stack(frame: FrameType, top: FrameType | None) -> bool:
+    while top is not None:
+        if top is frame:
+            return True
+        top = top.f_back
+    return False
 
 
 def config_without_mtp(config: Any) -> Any:

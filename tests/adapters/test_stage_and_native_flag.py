@@ -8,6 +8,8 @@ import torch
 import mtp_hooks
 from mtp_hooks import tiny_models
 
+from model_fixtures import native
+
 
 def mtp_stage(build):
     """The last pipeline stage with MTP: no pre_process, tied embeddings (hazards note §5)."""
@@ -65,21 +67,6 @@ def test_an_untied_mtp_stage_without_pre_process_can_skip(build, batch, count_mt
     stage_input(model, batch)
     model(*batch.args(), labels=batch.labels)
     assert counter.n == 0 and tiny_models.recorded_mtp_loss() == 0.0
-
-
-def native(kind):
-    """A model class whose forward takes Megatron-LM main's ``compute_mtp_loss`` keyword."""
-    if kind == "gpt":
-        from megatron.core.models.gpt import GPTModel as Base
-    else:
-        from megatron.core.models.hybrid.hybrid_model import HybridModel as Base
-
-    class NativeFlagModel(Base):
-        def forward(self, *args, compute_mtp_loss: bool = True, **kwargs):
-            self.received.append((compute_mtp_loss, self.mtp_process, self.config))
-            return super().forward(*args, **kwargs)
-
-    return NativeFlagModel
 
 
 def test_a_native_flag_model_gets_the_kwarg_and_its_gates_are_left_alone(build, kind, batch):

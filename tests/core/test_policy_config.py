@@ -72,7 +72,8 @@ def test_configure_beats_the_env_var_which_beats_the_file(monkeypatch, toml_file
     assert decided("rollout")[0] is False and sources["rollout"] == "mtp_hooks.configure()"
 
 
-def test_an_edited_file_is_reread(toml_file):
+def test_an_edited_file_is_reread(toml_file, monkeypatch):
+    monkeypatch.setenv("MTP_HOOKS_CONFIG_POLL", "0")  # check the file at every decision
     path = toml_file('[policy]\neval = "skip"\n')
     assert decided("eval")[0] is False
     path.write_text('[policy]\neval = "run"   # changed\n')

@@ -93,3 +93,30 @@ def verify_from_env(rank: int) -> dict:
 
     os.environ["MTP_HOOKS_VERIFY"] = "1"
     return rank_dependent_plugin(rank)
+
+
+def policy_file_edits(rank: int) -> dict:
+    """Two ranks, one policy file edited mid-run: nothing changes until reload(), which makes
+    every rank adopt what rank 0 read, even where this rank's own view of the file differs."""
+    import os
+    from pathlib import Path
+
+    folder = Path(os.environ["MTP_TEST_DIR"])
+    shared, stale = folder / "mtp.toml", folder / f"rank{rank}-stale.toml"
+    os.environ.update(MTP_HOOKS_CONFIG=str(shared), MTP_HOOKS_CONFIG_POLL="0")
+    barrier = torch.distributed.barrier
+    if rank == 0:
+        shared.write_text('[policy]\neval = "skip"\n')
+    barrier()
+    seen = [mtp_hooks.decide(None, "eval").run]
+    barrier()
+    if rank == 0:
+        shared.write_text('[policy]\neval = "run"\n')
+    barrier()
+    seen.append(mtp_hooks.decide(None, "eval").run)  # the edit is not picked up on its own
+    stale.write_text('[policy]\neval = "skip"\n')
+    if rank == 1:  # this rank reads an older copy of the file, as a slow filesystem would
+        os.environ["MTP_HOOKS_CONFIG"] = str(stale)
+    mtp_hooks.reload()
+    seen.append(mtp_hooks.decide(None, "eval").run)
+    return {"seen": seen}

@@ -1,0 +1,21 @@
+"""One counter that advances whenever anything a decision depends on changes.
+
+The policy sources, the registered plugins, the declared phases and the models' roles each
+advance it when they change, so a gate may reuse a decision as long as the counter stands still.
+"""
+
+from __future__ import annotations
+
+__all__ = ["advance", "current"]
+
+_counter = [0]
+
+
+def advance() -> None:
+    """Invalidate every cached decision."""
+    _counter[0] += 1
+
+
+def current() -> int:
+    """The counter's value; a cached decision is valid while it is unchanged."""
+    return _counter[0]

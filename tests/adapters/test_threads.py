@@ -1,0 +1,118 @@
+"""Forwards in several threads: each gets its own decision, or a clear error, never a swap.
+
+The MTP gates are attributes of the model, shared by every thread. A forward that would change
+them while another thread's forward of the same model runs raises ``MTPHooksError``; forwards
+that agree on leaving them alone run together.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import mtp_hooks
+
+from model_fixtures import native
+
+TIMEOUT = 60
+
+
+class Paused:
+    """Runs ``model``'s forward in a thread and holds it inside the decoder until released."""
+
+    def __init__(self, model, batch, phase: str):
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.seen: list[tuple[bool, bool]] = []
+        self.error: BaseException | None = None
+        shared = model.config
+
+        def hold(module, args, output):
+            if threading.current_thread() is self.thread:
+                self.seen.append((model.mtp_process, model.config is shared))
+                self.inside.set()
+                assert self.release.wait(TIMEOUT)
+                self.seen.append((model.mtp_process, model.config is shared))
+
+        self.hook = model.decoder.register_forward_hook(hold)
+
+        def run():
+            try:
+                model.eval()
+                with torch.no_grad(), mtp_hooks.phase(phase):
+                    model(*batch.args(), labels=batch.labels)
+            except BaseException as exc:  # reported to the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        assert self.inside.wait(TIMEOUT)
+
+    def finish(self) -> None:
+        self.release.set()
+        self.thread.join(TIMEOUT)
+        self.hook.remove()
+        if self.error is not None:
+            raise self.error
+
+
+def forward_in(model, batch, phase: str) -> None:
+    with torch.no_grad(), mtp_hooks.phase(phase):
+        model(*batch.args(), labels=batch.labels)
+
+
+@pytest.mark.parametrize("first,second", [("rollout", "eval"), ("eval", "rollout")])
+def test_a_second_thread_that_needs_the_other_decision_gets_a_clear_error(
+    build, batch, count_mtp, first, second
+):
+    model = build()
+    shared = model.config
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run,rollout=skip")
+    paused = Paused(model, batch, first)
+    with pytest.raises(mtp_hooks.MTPHooksError, match="another thread"):
+        forward_in(model, batch, second)
+    paused.finish()
+    expected = (True, True) if first == "eval" else (False, False)
+    assert paused.seen == [expected, expected]  # the first thread's decision held throughout
+    assert counter.n == (1 if first == "eval" else 0)
+    assert model.mtp_process is True and model.config is shared
+    assert handle.gates[0].frames == []
+
+
+def test_threads_that_all_run_mtp_share_the_model(build, batch, count_mtp):
+    model = build()
+    counter = count_mtp(model)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run")
+    paused = Paused(model, batch, "eval")
+    forward_in(model, batch, "eval")
+    paused.finish()
+    assert paused.seen == [(True, True), (True, True)] and counter.n == 2
+
+
+def test_two_threads_on_two_models_each_get_their_own_decision(build, batch, count_mtp):
+    first, second = build(seed=1), build(seed=2)
+    counters = count_mtp(first), count_mtp(second)
+    mtp_hooks.attach(first)
+    mtp_hooks.attach(second)
+    mtp_hooks.configure("eval=run,rollout=skip")
+    paused = Paused(first, batch, "rollout")
+    second.eval()
+    forward_in(second, batch, "eval")
+    paused.finish()
+    assert paused.seen == [(False, False), (False, False)]
+    assert (counters[0].n, counters[1].n) == (0, 1)
+
+
+def test_with_the_native_flag_threads_of_one_model_each_get_their_own_decision(build, kind, batch):
+    model = build(model_cls=native(kind))
+    model.received = []
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run,rollout=skip")
+    paused = Paused(model, batch, "rollout")
+    forward_in(model, batch, "eval")
+    paused.finish()
+    assert sorted(flag for flag, _, _ in model.received) == [False, True]
