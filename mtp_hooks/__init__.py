@@ -7,6 +7,7 @@ hooks. Importing this package has no side effects and does not import megatron-c
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from . import _phases, _policy, _roles, plugins
@@ -27,7 +28,7 @@ from .hookspecs import hookimpl, hookspec
 from .plugins import get_plugin_manager, list_plugins, register, unregister
 
 if TYPE_CHECKING:
-    from .megatron import AttachHandle, attach, detach, freeze_mtp
+    from .megatron import AttachHandle, attach, auto_attach, detach, freeze_mtp
 
 __all__ = [
     "AttachHandle",
@@ -41,6 +42,7 @@ __all__ = [
     "PolicyError",
     "UnsupportedModelError",
     "attach",
+    "auto_attach",
     "configure",
     "current_phase",
     "decide",
@@ -61,7 +63,7 @@ __all__ = [
     "unregister",
 ]
 
-_MEGATRON_NAMES = {"AttachHandle", "attach", "detach", "freeze_mtp"}
+_MEGATRON_NAMES = {"AttachHandle", "attach", "auto_attach", "detach", "freeze_mtp"}
 
 
 def __getattr__(name: str) -> Any:
@@ -76,9 +78,13 @@ def __getattr__(name: str) -> Any:
 def reset() -> None:
     """Return mtp-hooks to a fresh state: plugin manager, config, declared phases and roles.
 
-    Meant for tests. The next use builds a new plugin manager and reloads entry points. Hooks
-    already attached to models stay attached; remove them with ``handle.remove()``.
+    Meant for tests. The next use builds a new plugin manager and reloads entry points, and
+    auto-attach stops watching for new models. Hooks already attached to models stay attached;
+    remove them with ``handle.remove()``.
     """
+    auto = sys.modules.get("mtp_hooks.megatron._auto")
+    if auto is not None:
+        auto.enable(False)
     plugins._reset()
     _policy._reset()
     _phases._reset()

@@ -9,17 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
+from . import _generation
 from ._errors import PolicyError
 
-__all__ = ["as_mapping", "read_key", "MISSING"]
+T = TypeVar("T")
 
 MISSING: Any = object()
 
 
-def as_mapping(node: Any, where: str) -> dict[str, Any]:
-    """Return ``node`` (a dict, an OmegaConf ``DictConfig`` or a dataclass) as a plain dict.
+def as_mapping(node: Any, where: str) -> Mapping[str, Any]:
+    """Return ``node`` (a dict, an OmegaConf ``DictConfig`` or a dataclass) as a mapping.
+
+    Mappings come back as they are, so an OmegaConf node resolves only the keys that are read
+    (a framework's custom resolvers need not be registered for the others).
 
     Example:
         >>> from mtp_hooks.framework import as_mapping
@@ -27,17 +31,9 @@ def as_mapping(node: Any, where: str) -> dict[str, Any]:
         {'enable': True}
     """
     if isinstance(node, Mapping):
-        return dict(node)
+        return node
     if dataclasses.is_dataclass(node) and not isinstance(node, type):
         return dataclasses.asdict(node)
-    to_container = getattr(type(node), "to_container", None)  # OmegaConf DictConfig
-    if to_container is None:
-        try:
-            from omegaconf import OmegaConf
-        except ImportError:
-            OmegaConf = None  # noqa: N806
-        if OmegaConf is not None and OmegaConf.is_config(node):
-            return dict(OmegaConf.to_container(node, resolve=True))
     raise PolicyError(
         f"{where}: expected a mapping (dict or OmegaConf node), got {type(node).__name__}"
     )
@@ -70,3 +66,34 @@ def read_key(
         names = " or ".join(t.__name__ for t in allowed)
         raise PolicyError(f"{where}: key {key!r} must be {names}, got {value!r}")
     return value
+
+
+class RoleSettings(Generic[T]):
+    """A framework plugin's configured settings, by model role; ``None`` holds the default.
+
+    Example:
+        >>> from mtp_hooks.framework import RoleSettings
+        >>> settings = RoleSettings[str]()
+        >>> settings.set("everyone")
+        >>> settings.set("teachers only", role="teacher")
+        >>> settings.get("teacher"), settings.get("student"), settings.get(None)
+        ('teachers only', 'everyone', 'everyone')
+    """
+
+    def __init__(self) -> None:
+        self._by_role: dict[str | None, T] = {}
+
+    def set(self, value: T, role: str | None = None) -> None:
+        """Use ``value`` for models of ``role`` (``None``: every role without its own)."""
+        self._by_role[role] = value
+        _generation.advance()
+
+    def get(self, role: str | None) -> T | None:
+        """The settings for ``role``, else the default, else ``None``."""
+        found = self._by_role.get(role) if role is not None else None
+        return found if found is not None else self._by_role.get(None)
+
+    def reset(self) -> None:
+        """Forget every setting (for tests)."""
+        self._by_role.clear()
+        _generation.advance()

@@ -8,4 +8,34 @@ from __future__ import annotations
 
 from ._attach import AttachHandle, attach, detach, freeze_mtp
 
-__all__ = ["AttachHandle", "attach", "detach", "freeze_mtp"]
+__all__ = ["AttachHandle", "attach", "auto_attach", "detach", "freeze_mtp"]
+
+
+def auto_attach(enabled: bool = True) -> None:
+    """Attach every MTP-carrying megatron-core model built from now on in this process.
+
+    A model is attached at its first forward, through the outermost wrapper (DDP,
+    Float16Module) built around it by then, so the DDP remedies apply; a wrapper built later
+    re-attaches it. It works through torch's module *registration* hook, which runs while
+    modules are built and never at forward time; models without MTP get no hook at all.
+    Idempotent. ``auto_attach(False)`` stops watching for new models; models already attached
+    stay attached (``mtp_hooks.detach`` them). ``MTP_HOOKS_AUTO=1`` turns it on in every Python
+    process that sees the variable, at the moment that process imports torch.
+
+    Raises:
+        UnsupportedModelError: torch is not installed.
+
+    Example:
+        >>> mtp_hooks.auto_attach()  # doctest: +SKIP
+        >>> model = GPTModel(config, spec, vocab, seq, mtp_block_spec=mtp)  # doctest: +SKIP
+        >>> loss = model(ids, pos, mask, labels=labels)  # attached; the policy applies
+    """
+    try:
+        from ._auto import enable
+    except ImportError as exc:
+        from .._errors import UnsupportedModelError
+
+        raise UnsupportedModelError(
+            f"mtp_hooks.auto_attach needs torch ({exc}); pip install 'mtp-hooks[megatron]'"
+        ) from exc
+    enable(enabled)

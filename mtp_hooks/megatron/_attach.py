@@ -125,7 +125,8 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
             to the ``MTP_HOOKS_VERIFY`` environment variable.
 
     Returns:
-        An :class:`AttachHandle`. Attaching an already attached model returns its handle. A
+        An :class:`AttachHandle`. Attaching an already attached model returns its handle (and
+        gives it ``role`` if it had none, as after :func:`mtp_hooks.auto_attach`). A
         ``copy.deepcopy`` of an attached model is attached through a handle of its own (find it
         with ``attach(copy)``), with the same role and fresh stats.
 
@@ -150,7 +151,12 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
                 "mtp_hooks.attach: some of these model chunks are already attached through "
                 "another handle; detach them first"
             )
-        if role is not None and role != handle.role:
+        if role is not None and handle.role is None:  # e.g. attached automatically
+            _roles.check_role(role, "mtp_hooks.attach")
+            handle.role = role
+            for m in models:
+                _roles.set_role(m, role)
+        elif role is not None and role != handle.role:
             raise UnsupportedModelError(
                 f"mtp_hooks.attach: model already attached with role {handle.role!r}; call "
                 f"handle.remove() before attaching it with role {role!r}"

@@ -122,7 +122,12 @@ class MTPGate:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
             MTPHooksError: Another thread runs this model with gates this call must change.
         """
-        owner = sys._getframe(1)
+        return self.before_forward(module, args, kwargs, sys._getframe(1))
+
+    def before_forward(
+        self, module: torch.nn.Module, args: tuple, kwargs: dict, owner: FrameType
+    ) -> Any:
+        """:meth:`pre_hook` for a call run by the interpreter frame ``owner``."""
         if self.frames:  # a running call (nesting, another thread) or an interrupted one
             with self.lock:
                 self._prune(module, None)
@@ -223,8 +228,13 @@ class MTPGate:
             return None
         self.ddp.check_skip_allowed()
         if self.native:
+            # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
+            # config copy tells everything that counts MTP heads (ModelOpt's loss) there are none.
+            if self._other_thread(thread):
+                self._refuse_concurrent(module, "skip")
             self._count(key, "skip")
-            self.frames.append(_Frame(thread, owner, None, True))
+            self.frames.append(_Frame(thread, owner, current, True))
+            _set(module, "config", config_without_mtp(base[1]))
             return args, {**kwargs, _capabilities.NATIVE_FLAG: False}
         if self.tied_hazard:
             raise UnsupportedModelError(

@@ -54,10 +54,60 @@ def test_zero_mtp_layers_makes_the_plugin_abstain():
     assert mtp_hooks.decide(None, "train").votes["nemo"] is None
 
 
+def test_an_absent_mtp_num_layers_keeps_the_checkpoints_value(policy_model, batch):
+    mtp_hooks_nemo.configure({"enabled": True})  # as sft.yaml, dpo.yaml, the nanov3 recipes
+    assert mtp_hooks_nemo.current().mtp_num_layers is None
+    assert observe(policy_model, batch, "train") == (True, True)
+    assert observe(policy_model, batch, "eval")[0] is False
+
+
+def test_a_disabled_megatron_cfg_makes_the_plugin_abstain(only, build):
+    only("nemo")
+    mtp_hooks_nemo.configure({"enabled": False, "mtp_num_layers": 1})
+    assert mtp_hooks.decide(build(), "rollout").votes["nemo"] is None
+
+
+def test_a_zero_mtp_loss_weight_skips_mtp_in_the_policy_update(policy_model, batch):
+    mtp_hooks_nemo.configure({**MEGATRON_CFG, "mtp_loss_scaling_factor": 0.0})
+    assert observe(policy_model, batch, "train") == (False, False)
+
+
+def test_in_a_worker_without_configure_the_models_config_decides(build, only, batch):
+    only("nemo")
+    model = build()
+    zero_weight = build(mtp_loss_scaling_factor=0.0)
+    for m in (model, zero_weight):
+        mtp_hooks.attach(m)
+    assert observe(model, batch, "train") == (True, True)
+    assert observe(model, batch, "eval") == (False, False)  # get_logprobs: eval + no_grad
+    assert observe(zero_weight, batch, "train") == (False, False)
+
+
+def test_a_whole_distillation_config_configures_policy_and_teacher(only, build):
+    only("nemo")
+    master = OmegaConf.create(
+        {
+            "policy": {
+                "max_total_sequence_length": 8192,
+                "train_mb_tokens": "${mul:${.max_total_sequence_length}, 2}",  # NeMo-RL resolver
+                "megatron_cfg": {"enabled": True, "mtp_num_layers": 1},
+            },
+            "teacher": {"megatron_cfg": {"enabled": True, "mtp_loss_scaling_factor": 0.0}},
+        }
+    )
+    assert mtp_hooks_nemo.configure_run(master) == [None, "teacher"]
+    student, teacher = build(), build()
+    mtp_hooks.attach(teacher, role="teacher")
+    assert mtp_hooks.decide(student, "train").votes["nemo"] is True
+    assert mtp_hooks.decide(teacher, "train").votes["nemo"] is False
+    assert mtp_hooks.decide(teacher, "eval").votes["nemo"] is False
+
+
 @pytest.mark.parametrize(
     ("change", "kwargs", "message"),
     [
-        ({"mtp_num_layers": "MISSING"}, {}, "missing key 'mtp_num_layers'"),
+        ({"enabled": "yes"}, {}, "'enabled' must be bool"),
+        ({"mtp_loss_scaling_factor": -0.1}, {}, "must be >= 0"),
         ({"mtp_num_layers": "1"}, {}, "'mtp_num_layers' must be int"),
         ({"mtp_num_layers": -1}, {}, "must be >= 0"),
         ({"mtp_detach_heads": "no"}, {}, "'mtp_detach_heads' must be bool"),
@@ -69,8 +119,6 @@ def test_bad_megatron_cfg_names_the_key_and_changes_nothing(change, kwargs, mess
     mtp_hooks_nemo.configure(MEGATRON_CFG)
     cfg = copy.deepcopy(MEGATRON_CFG)
     cfg.update(change)
-    if cfg["mtp_num_layers"] == "MISSING":
-        del cfg["mtp_num_layers"]
     with pytest.raises(mtp_hooks.PolicyError, match=message):
         mtp_hooks_nemo.configure(cfg, **kwargs)
     assert mtp_hooks_nemo.current().mtp_num_layers == 1

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mtp_hooks
-from mtp_hooks.framework import as_mapping, read_key
+from mtp_hooks.framework import RoleSettings, as_mapping, read_key
 
 __all__ = ["DistillMTPConfig", "configure", "current", "reset", "prepare_distillation", "ROLES"]
 
@@ -35,7 +35,7 @@ class DistillMTPConfig:
         return None
 
 
-_state: dict[str, DistillMTPConfig] = {}
+_settings: RoleSettings[DistillMTPConfig] = RoleSettings()
 
 
 def configure(config: Any = None, *, freeze_mtp: bool | None = None) -> DistillMTPConfig:
@@ -56,18 +56,19 @@ def configure(config: Any = None, *, freeze_mtp: bool | None = None) -> DistillM
     else:
         cfg = as_mapping(config, WHERE)
     value = read_key(cfg, "freeze_mtp", bool, WHERE)
-    _state["config"] = result = DistillMTPConfig(value)
+    result = DistillMTPConfig(value)
+    _settings.set(result)
     return result
 
 
 def current() -> DistillMTPConfig | None:
     """The configured policy, or ``None`` before :func:`configure` (the plugin abstains)."""
-    return _state.get("config")
+    return _settings.get(None)
 
 
 def reset() -> None:
     """Forget the configured policy (for tests)."""
-    _state.clear()
+    _settings.reset()
 
 
 def prepare_distillation(student: Any, teacher: Any, *, freeze_mtp: bool = True) -> list[Any]:

@@ -1,4 +1,4 @@
-"""The ``mtp_hooks`` entry point of mtp-hooks-nemo: votes from ``policy.megatron_cfg``."""
+"""The ``mtp_hooks`` entry point of mtp-hooks-nemo: votes from ``megatron_cfg`` or the model."""
 
 from __future__ import annotations
 
@@ -6,10 +6,9 @@ from typing import Any
 
 from mtp_hooks import hookimpl
 
-from . import current
+from . import vote
 
 
 @hookimpl
 def should_run_mtp(model: Any, phase: Any) -> bool | None:
-    config = current()
-    return None if config is None else config.decide(phase)
+    return vote(model, phase)

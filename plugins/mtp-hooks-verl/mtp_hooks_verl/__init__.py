@@ -2,11 +2,17 @@
 
 veRL's config (``actor_rollout_ref.model.mtp``) has ``enable`` (keep the MTP weights),
 ``enable_train`` (train MTP during RL) and ``enable_rollout`` (speculative decoding in the
-rollout engine). This plugin maps it to phases:
+rollout engine). With :func:`configure` this plugin maps it to phases:
 
 * ``train`` (the actor update): run iff ``enable`` and ``enable_train``;
-* ``rollout`` (actor/ref ``compute_log_prob``) and ``eval``: skip;
+* ``eval`` (actor/ref ``compute_log_prob``, which veRL runs under ``eval()`` + ``no_grad``) and
+  ``rollout``: skip;
 * role ``ref``: always skip.
+
+In a veRL worker process, where the driver's config object is out of reach, it votes *skip*
+for ``eval`` and ``rollout`` and abstains in ``train``, where veRL's own ``mtp_patch`` decides
+from the labels it passes. Importing ``verl`` turns on auto-attach (the ``verl.plugins`` entry
+point, :mod:`mtp_hooks_verl.verl_entry`), so worker models are gated without code changes.
 
 Speculative decoding stays with the rollout engine: mtp-hooks never touches a forward under
 megatron's ``InferenceMode`` or with an inference context.
@@ -17,10 +23,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtp_hooks import Phase, PolicyError
-from mtp_hooks.framework import as_mapping, read_key
+from mtp_hooks import Phase, PolicyError, role_of
+from mtp_hooks.framework import RoleSettings, as_mapping, read_key
 
-__all__ = ["VerlMTPConfig", "configure", "current", "reset"]
+__all__ = ["VerlMTPConfig", "configure", "current", "reset", "vote"]
 
 WHERE = "actor_rollout_ref.model.mtp"
 
@@ -32,9 +38,12 @@ class VerlMTPConfig:
     enable: bool
     enable_train: bool
     enable_rollout: bool
+    configured: bool = True
 
     def decide(self, phase: Any, role: str | None) -> bool | None:
         """The vote for one forward; ``None`` for phases veRL does not use."""
+        if not self.configured:
+            return False if role == "ref" or phase in (Phase.ROLLOUT, Phase.EVAL) else None
         if not self.enable:
             return False
         if role == "ref" or phase in (Phase.ROLLOUT, Phase.EVAL):
@@ -44,7 +53,8 @@ class VerlMTPConfig:
         return None
 
 
-_state: dict[str, VerlMTPConfig] = {}
+_settings: RoleSettings[VerlMTPConfig] = RoleSettings()
+WORKER_DEFAULT = VerlMTPConfig(True, False, False, configured=False)
 
 
 def configure(mtp_config: Any) -> VerlMTPConfig:
@@ -70,15 +80,21 @@ def configure(mtp_config: Any) -> VerlMTPConfig:
             raise PolicyError(
                 f"{WHERE}: {key}=True needs enable=True (MTP weights must be loaded to be used)"
             )
-    _state["config"] = config = VerlMTPConfig(enable, enable_train, enable_rollout)
+    config = VerlMTPConfig(enable, enable_train, enable_rollout)
+    _settings.set(config)
     return config
 
 
 def current() -> VerlMTPConfig | None:
-    """The configured policy, or ``None`` before :func:`configure` (the plugin abstains)."""
-    return _state.get("config")
+    """The configured policy, or ``None`` before :func:`configure` (the worker default votes)."""
+    return _settings.get(None)
 
 
 def reset() -> None:
     """Forget the configured policy (for tests)."""
-    _state.clear()
+    _settings.reset()
+
+
+def vote(model: Any, phase: Any) -> bool | None:
+    """The plugin's vote for one forward of ``model``."""
+    return (current() or WORKER_DEFAULT).decide(phase, role_of(model))

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mtp_hooks import hookimpl, role_of
+from mtp_hooks import hookimpl
 
-from . import current
+from . import vote
 
 
 @hookimpl
 def should_run_mtp(model: Any, phase: Any) -> bool | None:
-    config = current()
-    return None if config is None else config.decide(phase, role_of(model))
+    return vote(model, phase)

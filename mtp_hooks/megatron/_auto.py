@@ -1,0 +1,91 @@
+"""Auto-attach: gate every MTP-carrying model built in this process, without calling ``attach``.
+
+One process-wide *module registration* hook (torch's public
+``register_module_module_registration_hook``) sees each ``self.x = submodule`` while modules are
+built. It costs nothing at forward time and looks at two names only:
+
+* ``mtp`` assigned on a ``GPTModel``/``HybridModel``/``MambaModel``: the model carries MTP on this
+  rank. It gets a one-shot forward pre-hook that attaches it at its first forward, when its
+  construction and any wrapping are complete.
+* ``module`` assigned on any module, where the submodule is such a model or a wrapper of one:
+  a DDP/Float16Module wrapper. The first-forward attach goes through the outermost wrapper, so
+  the DDP remedies apply. A wrapper built after the model's first forward re-attaches it.
+
+Models without MTP on this rank never get a hook.
+"""
+
+from __future__ import annotations
+
+import sys
+import weakref
+from typing import Any
+
+import torch
+
+from .._errors import UnsupportedModelError
+from . import _attach, _capabilities
+
+_watchers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # model -> handle
+_parents: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+_wrappers: weakref.WeakSet[Any] = weakref.WeakSet()  # wrappers around a watched model
+_auto_handles: weakref.WeakKeyDictionary[Any, _attach.AttachHandle] = weakref.WeakKeyDictionary()
+_registration: list[Any] = []  # [RemovableHandle] while enabled
+
+
+def enable(enabled: bool = True) -> None:
+    """Start (or with ``False`` stop) watching for new models; see ``mtp_hooks.auto_attach``."""
+    if enabled and not _registration:
+        register = torch.nn.modules.module.register_module_module_registration_hook
+        _registration.append(register(_on_registration))
+    elif not enabled and _registration:
+        _registration.pop().remove()
+
+
+def _on_registration(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
+    if name == "mtp":
+        if isinstance(parent, _capabilities.language_model_classes()) and parent not in _watchers:
+            _watch(parent)
+    elif name == "module" and (child in _watchers or child in _wrappers or child in _auto_handles):
+        _parents[child] = weakref.ref(parent)
+        _wrappers.add(parent)
+        for model in _models_below(child):
+            handle = _auto_handles.pop(model, None)
+            if handle is not None:  # wrapped after its first forward: attach again through it
+                handle.remove()
+                _watch(model)
+
+
+def _watch(model: torch.nn.Module) -> None:
+    _watchers[model] = model.register_forward_pre_hook(
+        _first_forward, with_kwargs=True, prepend=True
+    )
+
+
+def _first_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    """Attach ``model`` through its outermost wrapper, then gate this very call."""
+    _watchers.pop(model).remove()
+    outer = model
+    while (ref := _parents.get(outer)) is not None and (parent := ref()) is not None:
+        outer = parent
+    try:
+        handle = _attach.attach(outer)
+    except UnsupportedModelError as exc:
+        raise UnsupportedModelError(
+            f"{exc} (this model was attached automatically because MTP_HOOKS_AUTO or "
+            "mtp_hooks.auto_attach() is on; turn it off for this process to run it ungated)"
+        ) from exc
+    gate = next((g for g in handle.gates if g.model is model), None)
+    if gate is None:
+        return None
+    _auto_handles[model] = handle
+    # The new pre-hook missed this call (torch iterates a snapshot); its post-hook will run.
+    return gate.before_forward(model, args, kwargs, sys._getframe(1))
+
+
+def _models_below(module: torch.nn.Module) -> list[torch.nn.Module]:
+    while not isinstance(module, _capabilities.language_model_classes()):
+        inner = getattr(module, "module", None)
+        if not isinstance(inner, torch.nn.Module):
+            return []
+        module = inner
+    return [module]
