@@ -1,19 +1,28 @@
-"""CPU overhead of mtp-hooks: ``decide()`` and the per-forward hook cost, run and skip paths.
+"""CPU overhead of mtp-hooks per forward, as ratios to what torch itself charges for two hooks.
 
-Run: ``python benchmarks/cpu_overhead.py`` (prints a JSON line and a markdown table).
+Run: ``python benchmarks/cpu_overhead.py [--runs 3] [--rounds 40] [--calls 2000]``; it prints a
+JSON line per run and a markdown table.
 
-* ``decide()``: a config that answers plus two registered plugins (the config short-circuits
-  them, as in production), and a no-config case where both plugins vote.
-* hook pair: the pre-hook and forward hook an attached handle adds to each forward, called on a
-  real tiny ``GPTModel`` exactly as ``nn.Module.__call__`` calls them, for a run and a skip.
-* end to end: a tiny ``GPTModel`` forward without hooks vs attached, interleaved; the
-  difference is within noise at this size and is shown for context only.
+Every case calls a module whose ``forward`` returns its input, through ``nn.Module.__call__``,
+so the figures are the hooks' cost and nothing else. The cases run interleaved (the order
+rotates each round) and each figure is the median over rounds:
 
-Figures are medians of repeated batches (``timeit``), on whatever CPU runs the script.
+* ``bare``: no hooks. ``noop``: two no-op hooks registered as the gate registers its own
+  (a kwargs pre-hook, prepended; a kwargs ``always_call`` forward hook). ``noop - bare`` is the
+  floor, ``torch_dispatch_us``: what torch charges for having two hooks at all.
+* ``run`` / ``skip``: the real gate of an attached tiny ``GPTModel``, its two hooks registered
+  on the trivial module (which carries the model's ``mtp_process`` and ``config``), with a
+  policy config that answers ``run`` or ``skip``.
+* ``auto_plain``: a plain module built while auto-attach is on (it gets no hook).
+
+The ratios ``(run - bare) / floor`` and ``(skip - bare) / floor`` are the figures to compare
+across machines. ``decide()`` is timed on its own, with a config that answers and two plugins
+registered, and with no config and two voting plugins.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -27,11 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mtp_hooks  # noqa: E402
 
 
-def median_us(fn, number: int, repeat: int = 15) -> float:
-    times = timeit.repeat(fn, number=number, repeat=repeat)
-    return statistics.median(times) / number * 1e6
-
-
 class Vote:
     def __init__(self, vote):
         self.vote = vote
@@ -41,115 +45,133 @@ class Vote:
         return self.vote
 
 
-def bench_decide() -> dict[str, float]:
+def per_call_us(fn, calls: int) -> float:
+    return timeit.timeit(fn, number=calls) / calls * 1e6
+
+
+def decide_cases(calls: int) -> dict[str, float]:
     mtp_hooks.reset()
-    os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     mtp_hooks.register(Vote(None), name="abstains")
     mtp_hooks.register(Vote(False), name="skips-eval")
-    no_config = median_us(lambda: mtp_hooks.decide(None, "eval"), 20000)
+    votes = statistics.median(
+        per_call_us(lambda: mtp_hooks.decide(None, "eval"), calls) for _ in range(9)
+    )
     mtp_hooks.configure("train=run,eval=skip,rollout=skip")
-    with_config = median_us(lambda: mtp_hooks.decide(None, "eval"), 20000)
+    config = statistics.median(
+        per_call_us(lambda: mtp_hooks.decide(None, "eval"), calls) for _ in range(9)
+    )
     mtp_hooks.reset()
-    return {"decide_config_2_plugins_us": with_config, "decide_votes_2_plugins_us": no_config}
+    return {"decide_config_2_plugins_us": config, "decide_votes_2_plugins_us": votes}
 
 
-def bench_hooks() -> dict[str, float]:
+def hook_cases():
+    """The modules to call, by case name, and the policy each case needs."""
     import torch
 
     from mtp_hooks import tiny_models
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tiny_models.init_single_process(port=tiny_models.free_port())
-        tiny_models.reset_mtp_loss_tracker()
-        torch.manual_seed(0)
-        model = tiny_models.build_gpt(attention="sdpa")
-    mtp_hooks.reset()
-    os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    handle = mtp_hooks.attach(model)
-    (gate,) = handle.gates
-    ids = torch.randint(0, 128, (2, 16))
-    pos = torch.arange(16).unsqueeze(0).expand(2, -1)
-    args, kwargs = (ids, pos, None), {"labels": ids}
-    out = torch.zeros(2, 16)
-
-    def hook_pair() -> None:
-        result = gate.pre_hook(model, args, kwargs)
-        a, k = result if result is not None else (args, kwargs)
-        gate.post_hook(model, a, k, out)
-
-    figures = {}
-    for policy in ("train=run", "train=skip"):
-        mtp_hooks.configure(policy)
-        figures[f"hook_pair_{policy.split('=')[1]}_us"] = median_us(hook_pair, 20000)
-
-    # What nn.Module.__call__ itself adds when a module has these two hooks (no-op hooks).
-    class Identity(torch.nn.Module):
+    class Trivial(torch.nn.Module):
         def forward(self, *args, **kwargs):
             return args[0]
 
-    bare, hooked = Identity(), Identity()
-    hooked.register_forward_pre_hook(lambda m, a, k: None, with_kwargs=True, prepend=True)
-    hooked.register_forward_hook(lambda m, a, k, o: None, with_kwargs=True, always_call=True)
-    figures["torch_dispatch_us"] = median_us(lambda: hooked(*args, **kwargs), 20000) - median_us(
-        lambda: bare(*args, **kwargs), 20000
-    )
-    for path in ("run", "skip"):
-        figures[f"added_per_forward_{path}_us"] = (
-            figures[f"hook_pair_{path}_us"] + figures["torch_dispatch_us"]
-        )
-
-    # End to end, interleaved: forward without hooks vs attached (run path).
-    mtp_hooks.configure("train=run")
-    with_hooks, without = [], []
-    with torch.no_grad(), warnings.catch_warnings():
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        for _ in range(30):
-            with_hooks.append(
-                min(timeit.repeat(lambda: model(*args, **kwargs), number=5, repeat=3)) / 5
-            )
-            handle.remove()
-            without.append(
-                min(timeit.repeat(lambda: model(*args, **kwargs), number=5, repeat=3)) / 5
-            )
-            handle = mtp_hooks.attach(model)
-    figures["forward_without_hooks_ms"] = statistics.median(without) * 1e3
-    figures["forward_attached_run_ms"] = statistics.median(with_hooks) * 1e3
-    handle.remove()
+        tiny_models.init_single_process(port=tiny_models.free_port())
+        torch.manual_seed(0)
+        model = tiny_models.build_gpt(attention="sdpa")
     mtp_hooks.reset()
-    return figures
+    (gate,) = mtp_hooks.attach(model).gates
+    gated = Trivial()
+    object.__setattr__(gated, "mtp_process", model.mtp_process)
+    object.__setattr__(gated, "config", model.config)
+    gated.register_forward_pre_hook(gate.pre_hook, with_kwargs=True, prepend=True)
+    gated.register_forward_hook(gate.post_hook, with_kwargs=True, always_call=True, prepend=True)
+    noop = Trivial()
+    noop.register_forward_pre_hook(lambda m, a, k: None, with_kwargs=True, prepend=True)
+    noop.register_forward_hook(lambda m, a, k, o: None, with_kwargs=True, always_call=True)
+    mtp_hooks.auto_attach()
+    auto_plain = Trivial()
+    mtp_hooks.auto_attach(False)
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    return (
+        {
+            "bare": (Trivial(), None),
+            "noop": (noop, None),
+            "run": (gated, "train=run"),
+            "skip": (gated, "train=skip"),
+            "auto_plain": (auto_plain, None),
+        },
+        (ids, ids, None),
+        {"labels": ids},
+    )
 
 
-def main() -> dict[str, float]:
-    figures = {**bench_decide(), **bench_hooks()}
+def one_run(cases, args, kwargs, rounds: int, calls: int) -> dict[str, float]:
+    names = list(cases)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names) :] + names[: r % len(names)]:
+            module, policy = cases[name]
+            if policy is not None:
+                mtp_hooks.configure(policy)
+            samples[name].append(per_call_us(lambda m=module: m(*args, **kwargs), calls))
+    med = {name: statistics.median(values) for name, values in samples.items()}
+    floor = med["noop"] - med["bare"]
+    return {
+        "torch_dispatch_us": floor,
+        "added_run_us": med["run"] - med["bare"],
+        "added_skip_us": med["skip"] - med["bare"],
+        "added_auto_plain_us": med["auto_plain"] - med["bare"],
+        "run_ratio": (med["run"] - med["bare"]) / floor,
+        "skip_ratio": (med["skip"] - med["bare"]) / floor,
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict[str, float]]:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=40)
+    parser.add_argument("--calls", type=int, default=2000)
+    options = parser.parse_args(argv)
+    os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     meta = {
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
         "cores": os.cpu_count(),
     }
-    print(
-        json.dumps(
-            {"benchmark": "cpu_overhead", **meta, **{k: round(v, 3) for k, v in figures.items()}}
+    cases, args, kwargs = hook_cases()
+    runs = []
+    for _ in range(options.runs):
+        figures = {
+            **decide_cases(options.calls * 5),
+            **one_run(cases, args, kwargs, options.rounds, options.calls),
+        }
+        runs.append(figures)
+        print(
+            json.dumps(
+                {
+                    "benchmark": "cpu_overhead",
+                    **meta,
+                    **{k: round(v, 3) for k, v in figures.items()},
+                }
+            )
         )
-    )
-    print()
-    print("| measure | median |")
-    print("|---|---|")
     labels = {
-        "decide_config_2_plugins_us": "`decide()`, config answers, 2 plugins registered",
-        "decide_votes_2_plugins_us": "`decide()`, no config, 2 plugins vote",
-        "hook_pair_run_us": "hook pair per forward, run path",
-        "hook_pair_skip_us": "hook pair per forward, skip path (gates toggled and restored)",
-        "torch_dispatch_us": "nn.Module.__call__ cost of having two hooks (no-op hooks)",
-        "added_per_forward_run_us": "**added cost per forward, run path** (pair + dispatch)",
-        "added_per_forward_skip_us": "**added cost per forward, skip path** (pair + dispatch)",
-        "forward_without_hooks_ms": "tiny GPTModel forward, no hooks",
-        "forward_attached_run_ms": "tiny GPTModel forward, attached, run",
+        "torch_dispatch_us": "floor: torch's cost of two no-op hooks (µs)",
+        "added_run_us": "added per forward, run path (µs)",
+        "added_skip_us": "added per forward, skip path (µs)",
+        "run_ratio": "**run path / floor** (goal <= 2.0)",
+        "skip_ratio": "**skip path / floor** (goal <= 3.0)",
+        "added_auto_plain_us": "plain module built with auto-attach on, added (µs)",
+        "decide_config_2_plugins_us": "`decide()`, config answers, 2 plugins (µs; goal <= 2)",
+        "decide_votes_2_plugins_us": "`decide()`, no config, 2 plugins vote (µs)",
     }
+    print()
+    print("| measure | " + " | ".join(f"run {i + 1}" for i in range(len(runs))) + " |")
+    print("|---|" + "---|" * len(runs))
     for key, label in labels.items():
-        unit = "ms" if key.endswith("_ms") else "µs"
-        print(f"| {label} | {figures[key]:.2f} {unit} |")
-    return figures
+        print(f"| {label} | " + " | ".join(f"{r[key]:.2f}" for r in runs) + " |")
+    return runs
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from ._errors import PolicyConflictError
 from .plugins import _registry
 
 logger = logging.getLogger("mtp_hooks")
+_memo: dict[tuple[str | None, Any], Decision] = {}  # config decisions of this generation
+_memo_generation = [-1]
 
 
 @dataclass(frozen=True)
@@ -100,10 +102,19 @@ def decide_normalized(
     A decision may be reused until :func:`mtp_hooks._generation.current` changes when no plugin
     was consulted: the config decided, or no plugin implements ``should_run_mtp``.
     """
+    generation = _policy.generation()
+    if _memo_generation[0] != generation:
+        _memo.clear()
+        _memo_generation[0] = generation
+    decision = _memo.get((role, phase))
+    if decision is not None:
+        return decision, True
     entry = _policy.lookup(role, str(phase))
     if entry is not None and entry.value != "auto":
         decision = Decision(entry.value == "run", "config", {}, phase, role, entry.source)
         cacheable = True
+        if not _policy.tracing():
+            _memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     else:
         decision = _plugin_decision(model, phase, role)
         cacheable = not decision.votes

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 __all__ = ["advance", "current"]
 
-_counter = [0]
+counter = [0]  # read directly on the hot path; change it only through advance()
 
 
 def advance() -> None:
     """Invalidate every cached decision."""
-    _counter[0] += 1
+    counter[0] += 1
 
 
 def current() -> int:
     """The counter's value; a cached decision is valid while it is unchanged."""
-    return _counter[0]
+    return counter[0]

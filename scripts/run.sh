@@ -30,8 +30,15 @@ find_python() {  # $1 = minor version, e.g. 3.12
 
 plugins() { for p in "$ROOT"/plugins/*/; do [ -f "$p/pyproject.toml" ] && echo "$p"; done; }
 
-build_env() {  # $1 venv dir, $2 python minor, $3 torch spec, $4 megatron-core spec
-    local venv=$1 py=$2 torch_spec=$3 mcore_spec=$4 stamp
+# The frameworks the plugins are tested against, installed for real where they run on a CPU:
+# veRL without its heavy extras (import verl needs ray, tensordict, transformers, codetiming)
+# and ModelOpt (0.47.0 imports requests and huggingface_hub without declaring them).
+FRAMEWORKS_NO_DEPS=(verl==0.9.1)
+FRAMEWORKS=(ray==2.60.0 tensordict==0.10.0 transformers==5.10.4 codetiming==1.4.0
+            nvidia-modelopt==0.47.0 requests huggingface_hub)
+
+build_env() {  # $1 venv dir, $2 python minor, $3 torch spec, $4 megatron-core spec, [$5 frameworks]
+    local venv=$1 py=$2 torch_spec=$3 mcore_spec=$4 frameworks=${5:-} stamp
     stamp=$( { cat pyproject.toml scripts/run.sh; find plugins -path '*/build' -prune -o -type f \( -name '*.py' -o -name '*.toml' \) -print | sort | xargs cat; } | sha256sum | cut -c1-16)
     if [ -f "$venv/.stamp" ] && [ "$(cat "$venv/.stamp")" = "$stamp" ]; then return 0; fi
     echo ">> building $venv (Python $py, $torch_spec, $mcore_spec); the first build takes a few minutes" >&2
@@ -42,6 +49,10 @@ build_env() {  # $1 venv dir, $2 python minor, $3 torch spec, $4 megatron-core s
     "$venv/bin/python" -m pip install -q -e ".[test,bench]" omegaconf ruff==0.17.6
     # shellcheck disable=SC2046
     "$venv/bin/python" -m pip install -q $(plugins)
+    if [ -n "$frameworks" ]; then
+        "$venv/bin/python" -m pip install -q --no-deps "${FRAMEWORKS_NO_DEPS[@]}"
+        "$venv/bin/python" -m pip install -q "${FRAMEWORKS[@]}"
+    fi
     echo "$stamp" > "$venv/.stamp"
 }
 
@@ -58,7 +69,7 @@ env_core() {  # the core alone (no torch) on the oldest supported Python and the
     echo "$stamp" > "$venv/.stamp"
 }
 
-env_main() { build_env .venv 3.12 torch==2.14.1 megatron-core==0.19.2; }
+env_main() { build_env .venv 3.12 torch==2.14.1 megatron-core==0.19.2 frameworks; }
 env_legacy() { build_env .venv-mcore016 3.11 torch==2.13.0 megatron-core==0.16.1; }
 
 pytest_in() {  # $1 venv, rest: pytest args. "No tests collected" (exit 5) is a failure here.

@@ -10,6 +10,7 @@ stand-ins live here, in the test harness, and nowhere in the library.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -127,8 +128,14 @@ def count_mtp() -> Callable[[torch.nn.Module], MTPCounter]:
     return MTPCounter
 
 
-def native(kind):
-    """A model class whose forward takes Megatron-LM main's ``compute_mtp_loss`` keyword."""
+@functools.cache  # one class per base (ModelOpt registers dynamic classes by name)
+def native(kind: str) -> type:
+    """A model class whose forward takes Megatron-LM main's ``compute_mtp_loss`` keyword.
+
+    ``compute_mtp_loss=False`` skips the MTP block and its loss for the call, as on main
+    (emulated on a released class by hiding ``mtp_process`` inside forward). Each call's
+    ``(flag, mtp_process, config)`` as the model received them is appended to ``received``.
+    """
     if kind == "gpt":
         from megatron.core.models.gpt import GPTModel as Base
     else:
@@ -136,7 +143,17 @@ def native(kind):
 
     class NativeFlagModel(Base):
         def forward(self, *args, compute_mtp_loss: bool = True, **kwargs):
-            self.received.append((compute_mtp_loss, self.mtp_process, self.config))
-            return super().forward(*args, **kwargs)
+            self.__dict__.setdefault("received", []).append(
+                (compute_mtp_loss, self.mtp_process, self.config)
+            )
+            if compute_mtp_loss:
+                return super().forward(*args, **kwargs)
+            saved = self.mtp_process
+            object.__setattr__(self, "mtp_process", False)
+            try:
+                return super().forward(*args, **kwargs)
+            finally:
+                object.__setattr__(self, "mtp_process", saved)
 
+    NativeFlagModel.__name__ = NativeFlagModel.__qualname__ = f"NativeFlag{Base.__name__}"
     return NativeFlagModel

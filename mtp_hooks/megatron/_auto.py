@@ -79,7 +79,7 @@ def _first_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
         return None
     _auto_handles[model] = handle
     # The new pre-hook missed this call (torch iterates a snapshot); its post-hook will run.
-    return gate.before_forward(model, args, kwargs, sys._getframe(1))
+    return gate.pre_hook(model, args, kwargs, sys._getframe(1))
 
 
 def _models_below(module: torch.nn.Module) -> list[torch.nn.Module]:

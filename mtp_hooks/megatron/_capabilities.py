@@ -64,20 +64,14 @@ def inference_arg_index(cls: type) -> dict[str, int | None]:
     return out
 
 
-_INFERENCE_MODE: list[Any] = []  # [InferenceMode class or None], filled on first use
-
-
-def inference_mode_active() -> bool:
-    """Whether megatron's process-wide ``InferenceMode`` flag is set (0.18+; False before)."""
-    if not _INFERENCE_MODE:
-        try:
-            from megatron.core.inference.utils import InferenceMode
-        except ImportError:
-            InferenceMode = None  # noqa: N806
-        ok = InferenceMode is not None and hasattr(InferenceMode, "is_active")
-        _INFERENCE_MODE.append(InferenceMode if ok else None)
-    mode = _INFERENCE_MODE[0]
-    return bool(mode is not None and mode.is_active())
+@functools.lru_cache(maxsize=1)
+def inference_mode_class() -> Any:
+    """megatron's process-wide ``InferenceMode`` (0.18+, with ``is_active()``), else ``None``."""
+    try:
+        from megatron.core.inference.utils import InferenceMode
+    except ImportError:
+        return None
+    return InferenceMode if hasattr(InferenceMode, "is_active") else None
 
 
 def has_inference_context(indices: dict[str, int | None], args: tuple, kwargs: dict) -> bool:
@@ -86,7 +80,7 @@ def has_inference_context(indices: dict[str, int | None], args: tuple, kwargs: d
     ``indices`` is :func:`inference_arg_index` of the model's class.
     """
     for name, index in indices.items():
-        if kwargs.get(name) is not None:
+        if kwargs and kwargs.get(name) is not None:
             return True
         if index is not None and 0 <= index < len(args) and args[index] is not None:
             return True

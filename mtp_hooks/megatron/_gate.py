@@ -30,7 +30,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
@@ -38,14 +38,19 @@ from .. import _decision, _phases, _policy, _roles
 from .._errors import MTPHooksError, UnsupportedModelError
 from . import _capabilities, _distributed
 
-
-class _Frame(NamedTuple):
-    """One running (or interrupted) forward call of the gated model."""
-
-    thread: int
-    owner: FrameType | None  # the interpreter frame that called the pre-hook; None: always stale
-    restore: tuple[Any, Any] | None  # (mtp_process, config) to put back, or None
-    skipped: bool
+# One running (or interrupted) forward call of the gated model, as a plain tuple (the cheapest
+# object to build per call): (thread ident, the interpreter frame that called the pre-hook or
+# None for "always stale", (mtp_process, config) to put back or None, whether MTP was skipped).
+_Frame = tuple[int, FrameType | None, tuple[Any, Any] | None, bool]
+_THREAD, _OWNER, _RESTORE, _SKIPPED = range(4)
+_RUN, _SKIP, _UNTOUCHED = range(3)  # slots of a phase's counters
+_get_ident = threading.get_ident
+_getframe = sys._getframe
+# dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
+_is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+_grad_enabled = torch.is_grad_enabled
+_current_phase = _phases._current.get  # the innermost phase() block, or None
+_TRAIN, _EVAL = _phases.Phase.TRAIN, _phases.Phase.EVAL
 
 
 class MTPGate:
@@ -55,7 +60,10 @@ class MTPGate:
         self._model = weakref.ref(model)
         self.cls = type(model)
         self.native = _capabilities.native_flag(self.cls)
-        self.inference_args = _capabilities.inference_arg_index(self.cls)
+        indices = _capabilities.inference_arg_index(self.cls)
+        self.inference_names = tuple(indices)
+        self.inference_positions = tuple(i for i in indices.values() if i is not None and i >= 0)
+        self.inference_mode = _capabilities.inference_mode_class()
         self.tied_hazard = (
             not self.native
             and not getattr(model, "pre_process", True)
@@ -68,10 +76,11 @@ class MTPGate:
         self.cuda_graphs = impl in ("local", "transformer_engine") or bool(
             getattr(model.config, "enable_cuda_graph", False)
         )
+        self.checks = verify or self.cuda_graphs  # a per-call check: decide at every call
         _distributed.refuse_unsupported_config(model.config)
         self.frames: list[_Frame] = []
-        self.counts: dict[tuple[str, str], int] = {}
-        self.cache: dict[Any, tuple[int, _decision.Decision]] = {}
+        self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched]
+        self.cache: dict[Any, tuple[int, bool, list[int]]] = {}  # phase -> _decide's entry
         self.last_run: bool | None = None
         self.lock = threading.Lock()
         self.removed = False
@@ -115,128 +124,137 @@ class MTPGate:
                 self.handles = []
 
     # -- the hooks -----------------------------------------------------------------------------
-    def pre_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+    def pre_hook(
+        self,
+        module: torch.nn.Module,
+        args: tuple,
+        kwargs: dict,
+        owner: FrameType | None = None,
+    ) -> Any:
         """Decide for this call and apply it; returns new ``(args, kwargs)`` only for the flag.
+
+        ``owner`` is the interpreter frame running the call (torch's, found here when torch
+        calls the hook; auto-attach passes it when it calls the hook itself).
 
         Raises:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
             MTPHooksError: Another thread runs this model with gates this call must change.
         """
-        return self.before_forward(module, args, kwargs, sys._getframe(1))
-
-    def before_forward(
-        self, module: torch.nn.Module, args: tuple, kwargs: dict, owner: FrameType
-    ) -> Any:
-        """:meth:`pre_hook` for a call run by the interpreter frame ``owner``."""
-        if self.frames:  # a running call (nesting, another thread) or an interrupted one
+        if owner is None:
+            owner = _getframe(1)
+        frames = self.frames
+        if frames:  # a running call (nesting, another thread) or an interrupted one
             with self.lock:
                 self._prune(module, None)
-        key, run = self._consult(module, args, kwargs)
-        with self.lock:
-            if self.removed:  # a plugin removed the gate while deciding: leave this call alone
-                return None
-            return self._apply(module, owner, key, run, args, kwargs)
-
-    def post_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
-        """Restore this call's gates first; then settle DDP state after a completed skip."""
-        caller = sys._getframe(1)
-        with self.lock:
-            frames = self.frames
-            if frames and frames[-1].owner is caller:
-                frame: _Frame | None = frames.pop()
-            else:  # forward raised (caller is torch's exception handler) or threads interleave
-                frame = self._pop_own(caller)
-                self._prune(module, caller)
-            if frame is not None and frame.restore is not None:
-                _set(module, "mtp_process", frame.restore[0])
-                _set(module, "config", frame.restore[1])
-            if self.removed and not frames:
-                for handle in self.handles:
-                    handle.remove()
-                self.handles = []
-        if frame is not None and frame.skipped and output is not None:
-            return self.ddp.after_skipped_forward(output)
-        return None
-
-    # -- deciding ------------------------------------------------------------------------------
-    def _consult(
-        self, module: torch.nn.Module, args: tuple, kwargs: dict
-    ) -> tuple[str, bool | None]:
-        """The phase key and decision for this call; ``None`` leaves the call untouched."""
-        if _capabilities.inference_mode_active() or _capabilities.has_inference_context(
-            self.inference_args, args, kwargs
-        ):
-            return "inference", None
-        if torch.compiler.is_compiling():
+        # -- decide (no lock held: a plugin may detach, or forward another model) --
+        mode = self.inference_mode
+        inference = mode is not None and mode.is_active()
+        if kwargs and not inference:
+            for name in self.inference_names:
+                if kwargs.get(name) is not None:
+                    inference = True
+        for index in self.inference_positions:
+            if index < len(args) and args[index] is not None:
+                inference = True
+        if inference:
+            self._count("inference", _UNTOUCHED)
+            run: bool | None = None
+        elif _is_compiling():
             raise UnsupportedModelError(
                 "mtp_hooks: a gated model is running under torch.compile, where forward hooks "
                 "with always_call=True do not run when forward raises. Run it uncompiled, or "
                 "mtp_hooks.detach() it first."
             )
-        base_mtp_process, base_config = self.base if self.frames else _current(module)
-        if not base_mtp_process or not getattr(base_config, "mtp_num_layers", None):
-            return "", None  # MTP already off for this model (by someone else): nothing to decide
-        phase = _phases.current_phase()
-        if phase is None:
-            training = module.training and torch.is_grad_enabled()
-            phase = _phases.Phase.TRAIN if training else _phases.Phase.EVAL
-        generation = _policy.generation()
-        cached = self.cache.get(phase)
-        if cached is not None and cached[0] == generation:
-            decision = cached[1]
         else:
-            role = _roles.role_of(module)
-            decision, cacheable = _decision.decide_normalized(module, phase, role)
-            if cacheable:
-                self.cache[phase] = (generation, decision)
+            mtp_process, config = self.base if frames else (module.mtp_process, module.config)
+            if mtp_process and getattr(config, "mtp_num_layers", None):
+                phase = _current_phase()
+                if phase is None:
+                    phase = _TRAIN if module.training and _grad_enabled() else _EVAL
+                cached = self.cache.get(phase)
+                if cached is None or cached[0] != _policy.generation() or self.checks:
+                    cached = self._decide(module, phase)
+                run = cached[1]
+            else:
+                run = None  # MTP already off (by someone else): nothing to decide
+        # -- apply --
+        with self.lock:
+            if self.removed:  # a plugin removed the gate while deciding: leave this call alone
+                return None
+            thread = _get_ident()
+            current = (module.mtp_process, module.config)
+            if not frames:
+                self.base = current
+            if run is None:
+                frames.append((thread, owner, None, False))
+                return None
+            base = self.base
+            toggled = current[0] is not base[0] or current[1] is not base[1]
+            if not run:
+                return self._skip(module, owner, thread, cached[2], current, args, kwargs)
+            if toggled and self._other_thread(thread):
+                self._refuse_concurrent(module, "run")
+            cached[2][_RUN] += 1
+            if not toggled:
+                frames.append((thread, owner, None, False))
+                return None
+            frames.append((thread, owner, current, False))
+            _set(module, "mtp_process", base[0])
+            _set(module, "config", base[1])
+            return None
+
+    def post_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+        """Restore this call's gates first; then settle DDP state after a completed skip."""
+        caller = _getframe(1)
+        with self.lock:
+            frames = self.frames
+            if frames and frames[-1][_OWNER] is caller:
+                frame: _Frame | None = frames.pop()
+            else:  # forward raised (caller is torch's exception handler) or threads interleave
+                frame = self._pop_own(caller)
+                self._prune(module, caller)
+            if frame is not None and frame[_RESTORE] is not None:
+                _set(module, "mtp_process", frame[_RESTORE][0])
+                _set(module, "config", frame[_RESTORE][1])
+            if self.removed and not frames:
+                for handle in self.handles:
+                    handle.remove()
+                self.handles = []
+        if frame is not None and frame[_SKIPPED] and output is not None:
+            return self.ddp.after_skipped_forward(output)
+        return None
+
+    # -- deciding ------------------------------------------------------------------------------
+    def _decide(self, module: torch.nn.Module, phase: Any) -> tuple[int, bool, list[int]]:
+        """Decide for ``phase``; returns ``(generation, run, the phase's counters)``, cached
+        while nothing a decision depends on changes and no per-call check is on."""
+        generation = _policy.generation()
+        decision, cacheable = _decision.decide_normalized(module, phase, _roles.role_of(module))
         if self.verify:
             _distributed.verify_agreement(decision, phase)
         if self.cuda_graphs:
             self._check_cuda_graphs(decision.run)
-        return str(phase), decision.run
+        counters = self.counts.get(phase)
+        if counters is None:
+            counters = self.counts[phase] = [0, 0, 0]
+        entry = (generation, decision.run, counters)
+        if cacheable:
+            self.cache[phase] = entry
+        return entry
 
-    def _apply(
+    def _skip(
         self,
         module: torch.nn.Module,
         owner: FrameType,
-        key: str,
-        run: bool | None,
+        thread: int,
+        counters: list[int],
+        current: tuple[Any, Any],
         args: tuple,
         kwargs: dict,
     ) -> Any:
-        """Push this call's frame and set the gates (under the lock)."""
-        thread = threading.get_ident()
-        if not self.frames:
-            self.base = _current(module)
-        if run is None:
-            if key:
-                self._count(key, "untouched")
-            self.frames.append(_Frame(thread, owner, None, False))
-            return None
-        base = self.base
-        current = _current(module)
-        toggled = current[0] is not base[0] or current[1] is not base[1]
-        if run:
-            if toggled and self._other_thread(thread):
-                self._refuse_concurrent(module, "run")
-            self._count(key, "run")
-            restore = current if toggled else None
-            if toggled:
-                _set(module, "mtp_process", base[0])
-                _set(module, "config", base[1])
-            self.frames.append(_Frame(thread, owner, restore, False))
-            return None
+        """Apply a skip (under the lock): the native flag, or the two instance gates."""
         self.ddp.check_skip_allowed()
-        if self.native:
-            # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
-            # config copy tells everything that counts MTP heads (ModelOpt's loss) there are none.
-            if self._other_thread(thread):
-                self._refuse_concurrent(module, "skip")
-            self._count(key, "skip")
-            self.frames.append(_Frame(thread, owner, current, True))
-            _set(module, "config", config_without_mtp(base[1]))
-            return args, {**kwargs, _capabilities.NATIVE_FLAG: False}
-        if self.tied_hazard:
+        if not self.native and self.tied_hazard:
             raise UnsupportedModelError(
                 "mtp_hooks: cannot skip MTP on this pipeline stage: it has MTP, no pre_process "
                 "and share_embeddings_and_output_weights=True, and this megatron-core has no "
@@ -247,41 +265,44 @@ class MTPGate:
             )
         if self._other_thread(thread):
             self._refuse_concurrent(module, "skip")
-        self._count(key, "skip")
-        self.frames.append(_Frame(thread, owner, current, True))
+        counters[_SKIP] += 1
+        self.frames.append((thread, owner, current, True))
+        _set(module, "config", config_without_mtp(self.base[1]))
+        if self.native:
+            # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
+            # config copy tells everything that counts MTP heads (ModelOpt's loss) there are none.
+            return args, {**kwargs, _capabilities.NATIVE_FLAG: False}
         _set(module, "mtp_process", False)
-        _set(module, "config", config_without_mtp(base[1]))
         return None
 
     # -- frames --------------------------------------------------------------------------------
     def _prune(self, module: torch.nn.Module, finished: FrameType | None) -> None:
         """Drop frames whose call is over (``finished`` counts as over), newest first, restoring
         what each changed. Only interrupted calls leave such frames behind."""
-        me = threading.get_ident()
+        me = _get_ident()
         others = sys._current_frames() if self._other_thread(me) else {}
-        here = sys._getframe()
+        here = _getframe()
         for i in range(len(self.frames) - 1, -1, -1):
-            frame = self.frames[i]
-            top = here if frame.thread == me else others.get(frame.thread)
-            owner = frame.owner
+            thread, owner, restore, _ = self.frames[i]
+            top = here if thread == me else others.get(thread)
             if owner is not None and owner is not finished and _on_stack(owner, top):
                 continue
             del self.frames[i]
-            if frame.restore is not None:
-                _set(module, "mtp_process", frame.restore[0])
-                _set(module, "config", frame.restore[1])
+            if restore is not None:
+                _set(module, "mtp_process", restore[0])
+                _set(module, "config", restore[1])
 
     def _pop_own(self, caller: FrameType) -> _Frame | None:
         for i in range(len(self.frames) - 1, -1, -1):
-            if self.frames[i].owner is caller:
+            if self.frames[i][_OWNER] is caller:
                 return self.frames.pop(i)
         return None
 
     def _other_thread(self, thread: int) -> bool:
-        return any(f.thread != thread for f in self.frames)
+        return any(f[_THREAD] != thread for f in self.frames)
 
     def _refuse_concurrent(self, module: torch.nn.Module, decision: str) -> None:
-        others = sorted({f.thread for f in self.frames if f.thread != threading.get_ident()})
+        others = sorted({f[_THREAD] for f in self.frames if f[_THREAD] != _get_ident()})
         raise MTPHooksError(
             f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
             f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "
@@ -292,8 +313,11 @@ class MTPGate:
         )
 
     # -- helpers -------------------------------------------------------------------------------
-    def _count(self, key: str, what: str) -> None:
-        self.counts[(key, what)] = self.counts.get((key, what), 0) + 1
+    def _count(self, phase: Any, slot: int) -> None:
+        counters = self.counts.get(phase)
+        if counters is None:
+            counters = self.counts[phase] = [0, 0, 0]
+        counters[slot] += 1
 
     def _check_cuda_graphs(self, run: bool) -> None:
         """Refuse a decision that differs from the last one on a model with CUDA graphs."""
@@ -311,8 +335,9 @@ class MTPGate:
     def stats(self) -> dict[str, dict[str, int]]:
         """Counts of runs, skips and untouched (inference) calls, by phase."""
         out: dict[str, dict[str, int]] = {}
-        for (phase, what), n in sorted(self.counts.items()):
-            out.setdefault(phase, {})[what] = n
+        for phase, counters in sorted(self.counts.items(), key=lambda kv: str(kv[0])):
+            named = zip(("run", "skip", "untouched"), counters, strict=True)
+            out[str(phase)] = {what: n for what, n in named if n}
         return out
 
     # -- copies --------------------------------------------------------------------------------
@@ -333,7 +358,7 @@ class MTPGate:
         new._model = weakref.ref(memo[id(model)])
         new.ddp = _distributed.DDPState(memo[id(model)], [])
         new.base = copy.deepcopy(self.base, memo)
-        new.frames = [_Frame(0, None, new.base, False)] if self.frames else []
+        new.frames = [(0, None, new.base, False)] if self.frames else []
         new.counts, new.cache, new.last_run = {}, {}, None
         new.lock, new.removed = threading.Lock(), False
         memo[id(self)] = new

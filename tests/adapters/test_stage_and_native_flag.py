@@ -69,19 +69,23 @@ def test_an_untied_mtp_stage_without_pre_process_can_skip(build, batch, count_mt
     assert counter.n == 0 and tiny_models.recorded_mtp_loss() == 0.0
 
 
-def test_a_native_flag_model_gets_the_kwarg_and_its_gates_are_left_alone(build, kind, batch):
+def test_a_native_flag_model_gets_the_kwarg_keeps_mtp_process_and_sees_no_mtp_heads(
+    build, kind, batch, count_mtp
+):
     model = build(model_cls=native(kind))
-    model.received = []
+    counter = count_mtp(model)
     shared = model.config
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     model(*batch.args(), labels=batch.labels)
-    assert model.received == [(False, True, shared)]
+    ((flag, mtp_process, config),) = model.received
+    assert (flag, mtp_process) == (False, True)  # mtp_process kept: the tied stage needs it
+    assert config is not shared and config.mtp_num_layers is None  # what ModelOpt counts
+    assert counter.n == 0 and model.config is shared and shared.mtp_num_layers == 1
 
 
 def test_a_native_flag_model_gets_no_kwarg_on_a_run_decision(build, kind, batch):
     model = build(model_cls=native(kind))
-    model.received = []
     mtp_hooks.attach(model)
     model(*batch.args(), labels=batch.labels)
     assert model.received == [(True, True, model.config)]
@@ -89,7 +93,6 @@ def test_a_native_flag_model_gets_no_kwarg_on_a_run_decision(build, kind, batch)
 
 def test_the_native_flag_is_used_even_on_a_tied_stage(kind, build, batch):
     model = build(model_cls=native(kind), pre_process=False, share_embeddings=True)
-    model.received = []
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     stage_input(model, batch)

@@ -107,12 +107,12 @@ def test_two_threads_on_two_models_each_get_their_own_decision(build, batch, cou
     assert (counters[0].n, counters[1].n) == (0, 1)
 
 
-def test_with_the_native_flag_threads_of_one_model_each_get_their_own_decision(build, kind, batch):
+def test_the_native_flag_path_refuses_a_conflicting_thread_too(build, kind, batch):
     model = build(model_cls=native(kind))
-    model.received = []
     mtp_hooks.attach(model)
     mtp_hooks.configure("eval=run,rollout=skip")
     paused = Paused(model, batch, "rollout")
-    forward_in(model, batch, "eval")
+    with pytest.raises(mtp_hooks.MTPHooksError, match="another thread"):
+        forward_in(model, batch, "eval")
     paused.finish()
-    assert sorted(flag for flag, _, _ in model.received) == [False, True]
+    assert [flag for flag, _, _ in model.received] == [False]

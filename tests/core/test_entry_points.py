@@ -24,10 +24,15 @@ def should_run_mtp(model, phase):
 """
 
 
+# The framework plugins of plugins/ may be installed here too, and vote even unconfigured.
+FRAMEWORK_PLUGINS = "verl,nemo,modelopt"
+
+
 @pytest.fixture
 def install(tmp_path, monkeypatch):
     """``install(dist, module_source, ep_name=...)`` makes an importable distribution."""
     monkeypatch.delenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD")
+    monkeypatch.setenv("MTP_HOOKS_DISABLE", FRAMEWORK_PLUGINS)
     monkeypatch.syspath_prepend(str(tmp_path))
     created: list[str] = []
 
@@ -105,7 +110,7 @@ def test_a_misspelled_hook_in_an_entry_point_is_an_error_naming_the_plugin(insta
 
 def test_a_blocked_plugin_is_not_loaded_and_is_listed_as_blocked(install, monkeypatch):
     install("mtpx-good", GOOD)
-    monkeypatch.setenv("MTP_HOOKS_DISABLE", "mtpx-good, other")
+    monkeypatch.setenv("MTP_HOOKS_DISABLE", f"mtpx-good, other,{FRAMEWORK_PLUGINS}")
     assert mtp_hooks.decide(None, "rollout").decided_by == "default"
     infos = {i.name: i for i in mtp_hooks.list_plugins()}
     assert infos["mtpx-good"].blocked and infos["mtpx-good"].distribution == "mtpx-good"
@@ -114,7 +119,7 @@ def test_a_blocked_plugin_is_not_loaded_and_is_listed_as_blocked(install, monkey
 
 def test_blocking_a_broken_plugin_lets_everything_else_load(install, monkeypatch):
     install("mtpx-broken", "raise RuntimeError('bad plugin')\n")
-    monkeypatch.setenv("MTP_HOOKS_DISABLE", "mtpx-broken")
+    monkeypatch.setenv("MTP_HOOKS_DISABLE", f"mtpx-broken,{FRAMEWORK_PLUGINS}")
     assert mtp_hooks.decide(None, "eval").decided_by == "default"
 
 
@@ -122,7 +127,7 @@ def test_autoload_off_loads_no_entry_point(install, monkeypatch):
     install("mtpx-good", GOOD)
     monkeypatch.setenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD", "1")
     assert mtp_hooks.decide(None, "rollout").decided_by == "default"
-    assert mtp_hooks.list_plugins() == []
+    assert [i.name for i in mtp_hooks.list_plugins() if not i.blocked] == []
 
 
 def test_an_entry_point_naming_a_class_registers_an_instance(install):

@@ -74,7 +74,8 @@ def main() -> None:
         optimizer.zero_grad()
         ddp(ids, pos, mask, labels=labels).mean().backward()
         optimizer.step()
-    mtp_loss = float(MTPLossLoggingHelper.tracker["loss_values"].sum())
+    tracker = MTPLossLoggingHelper.tracker  # "values" up to megatron-core 0.16, then "loss_values"
+    mtp_loss = sum(float(tracker[key].sum()) for key in ("values", "loss_values"))
     phase[0] = "eval"
     ddp.eval()
     with torch.no_grad():

@@ -5,7 +5,8 @@ present (an absent ``mtp_num_layers`` keeps the checkpoint's value), so the plug
 is set and otherwise the model's own config, which every worker process can see:
 
 * ``train`` (the policy update): run, unless ``mtp_loss_scaling_factor`` is ``0.0`` (NeMo-RL's
-  way of turning the MTP loss off; computing MTP would be wasted);
+  way of turning the MTP loss off; computing MTP would be wasted). Unconfigured, it abstains
+  instead of voting run: Megatron runs MTP by default anyway;
 * ``eval`` (``get_logprobs``, the teacher's logits, validation: all ``eval()`` + ``no_grad``):
   skip, unless ``compute_mtp_in_eval=True``;
 * ``rollout``: skip.
@@ -46,6 +47,7 @@ class NemoMTPConfig:
     mtp_num_layers: int | None = None
     mtp_loss_scaling_factor: float | None = None
     compute_mtp_in_eval: bool = False
+    configured: bool = True
 
     def decide(self, model: Any, phase: Any) -> bool | None:
         """The vote for one forward of ``model``; ``None`` abstains."""
@@ -61,7 +63,9 @@ class NemoMTPConfig:
             scale = self.mtp_loss_scaling_factor
             if scale is None:
                 scale = getattr(config, "mtp_loss_scaling_factor", None)
-            return scale != 0
+            if scale == 0:
+                return False
+            return True if self.configured else None  # unconfigured: Megatron runs it anyway
         if phase == Phase.EVAL:
             return self.compute_mtp_in_eval
         if phase == Phase.ROLLOUT:
@@ -169,7 +173,9 @@ def reset() -> None:
     _settings.reset()
 
 
-WORKER_DEFAULT = NemoMTPConfig()  # no configure() in this process: the model's config decides
+# No configure() in this process (a Ray worker): the model's config decides, and the plugin only
+# votes where NeMo-RL's semantics call for a skip, so it never contradicts another plugin's run.
+WORKER_DEFAULT = NemoMTPConfig(configured=False)
 
 
 def vote(model: Any, phase: Any) -> bool | None:

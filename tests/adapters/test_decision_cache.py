@@ -1,0 +1,88 @@
+"""A gate reuses a decision only while nothing it depends on changes.
+
+Each test makes one forward (so the decision is cached), changes one input of the decision, and
+checks that the very next forward decides anew.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import mtp_hooks
+
+
+@pytest.fixture
+def model(build, batch):
+    model = build()
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run,teacher.train=skip")
+    return model
+
+
+def skipped(model, batch) -> bool:
+    before = model.mtp.ran if hasattr(model.mtp, "ran") else 0
+    hook = model.mtp.register_forward_hook(lambda *a: setattr(model.mtp, "ran", before + 1))
+    try:
+        model(*batch.args(), labels=batch.labels)
+    finally:
+        hook.remove()
+    return getattr(model.mtp, "ran", 0) == before
+
+
+def test_configure_invalidates(model, batch):
+    assert not skipped(model, batch)
+    mtp_hooks.configure("train=skip")
+    assert skipped(model, batch)
+
+
+def test_reload_invalidates(model, batch, monkeypatch):
+    mtp_hooks.configure(None)
+    assert not skipped(model, batch)
+    monkeypatch.setenv("MTP_HOOKS_POLICY", "train=skip")
+    assert not skipped(model, batch)  # the environment is read at first use and by reload()
+    mtp_hooks.reload()
+    assert skipped(model, batch)
+
+
+def test_a_file_edit_invalidates(model, batch, monkeypatch, tmp_path):
+    mtp_hooks.configure(None)
+    path = tmp_path / "mtp.toml"
+    path.write_text('[policy]\ntrain = "run"\n')
+    monkeypatch.setenv("MTP_HOOKS_CONFIG", str(path))
+    monkeypatch.setenv("MTP_HOOKS_CONFIG_POLL", "0")
+    mtp_hooks.reload()
+    assert not skipped(model, batch)
+    path.write_text('[policy]\ntrain = "skip"\n')
+    assert skipped(model, batch)
+
+
+def test_register_and_unregister_invalidate(model, batch, voter):
+    mtp_hooks.configure(None)
+    assert not skipped(model, batch)
+    voter(False, "skipper")
+    assert skipped(model, batch)
+    mtp_hooks.unregister("skipper")
+    assert not skipped(model, batch)
+
+
+def test_set_role_invalidates(model, batch):
+    assert not skipped(model, batch)
+    mtp_hooks.set_role(model, "teacher")
+    assert skipped(model, batch)
+
+
+def test_a_phase_declared_after_the_first_forward_decides_at_once(model, batch):
+    assert not skipped(model, batch)
+    mtp_hooks.declare_phase("distill")
+    mtp_hooks.configure("train=run,distill=skip")
+    with mtp_hooks.phase("distill"):
+        assert skipped(model, batch)
+    assert not skipped(model, batch)
+
+
+def test_plugins_that_vote_are_asked_at_every_forward(model, batch, voter):
+    mtp_hooks.configure(None)
+    counting = voter(None, "counting")
+    for _ in range(3):
+        model(*batch.args(), labels=batch.labels)
+    assert len(counting.calls) == 3

@@ -1,0 +1,116 @@
+"""mtp-hooks-verl with veRL itself (verl 0.9.1, installed without its heavy extras).
+
+* ``import verl`` loads the ``verl.plugins`` entry point, which turns on auto-attach: a model
+  built afterwards is gated with no mtp-hooks call at all.
+* veRL's own ``mtp_patch.patch_postprocess`` and the plugin compose: MTP trains in the actor
+  update and is skipped in ``compute_log_prob`` (which veRL runs in ``eval()`` + ``no_grad``
+  with labels when ``enable_train`` is on), with gradients and log-prob outputs unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mtp_hooks
+import mtp_hooks_verl
+from mtp_hooks import tiny_models
+
+pytest.importorskip("verl")
+mtp_patch = pytest.importorskip("verl.models.mcore.mtp_patch")
+
+TESTS = Path(__file__).resolve().parent.parent
+
+WORKER = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+import verl  # loads the verl.plugins entry points, as every veRL worker process does
+from mtp_hooks import tiny_models
+from cpu_stand_ins import install_cpu_memory_buffer
+tiny_models.init_single_process(port={port})
+install_cpu_memory_buffer()
+model = tiny_models.build_gpt(tiny_models.TinySpec(seq_length=16, vocab_size=128))
+runs = []
+model.mtp.register_forward_hook(lambda *a: runs.append(1))
+ids = torch.randint(0, 128, (2, 16)); pos = torch.arange(16)[None].expand(2, -1)
+mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), 1)[None, None].expand(2, 1, 16, 16)
+model.eval()
+with torch.no_grad():  # compute_log_prob, with labels as veRL passes them for MTP
+    model(ids, pos, mask, labels=torch.roll(ids, -1, 1))
+print(json.dumps({{"log_prob_mtp_runs": len(runs)}}))
+"""
+
+
+def run_worker(**env: str) -> subprocess.CompletedProcess[str]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    code = WORKER.format(tests=str(TESTS), port=tiny_models.free_port())
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env}
+    )
+
+
+def test_import_verl_gates_models_built_afterwards_without_any_call():
+    out = run_worker()
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"log_prob_mtp_runs": 0}
+
+
+def test_mtp_hooks_auto_0_keeps_it_off():
+    out = run_worker(MTP_HOOKS_AUTO="0")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == {"log_prob_mtp_runs": 1}
+
+
+def test_a_failure_inside_verls_plugin_loading_is_reported_loudly():
+    code = (
+        "import mtp_hooks\n"
+        "def broken(enabled=True):\n    raise RuntimeError('no torch here')\n"
+        "mtp_hooks.auto_attach = broken\n"
+        "import verl\n"
+        "print('verl imported')\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=base)
+    assert out.returncode == 0 and "verl imported" in out.stdout
+    assert "mtp-hooks-verl: auto-attach could not start (RuntimeError: no torch here)" in out.stderr
+
+
+def actor_steps(build, batch, with_plugin: bool):
+    """veRL's patched actor: one update step with labels, one compute_log_prob forward."""
+    model = build(seed=3)
+    mtp_patch.patch_postprocess(model)
+    runs = {"n": 0}
+    model.mtp.register_forward_hook(lambda *a: runs.__setitem__("n", runs["n"] + 1))
+    if with_plugin:
+        mtp_hooks_verl.configure({"enable": True, "enable_train": True})
+        mtp_hooks.attach(model)
+    model.train()
+    model(*batch.args(), labels=batch.labels).sum().backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    after_update = runs["n"]
+    model.eval()
+    with torch.no_grad():
+        log_prob_output = model(*batch.args(), labels=batch.labels)
+    return grads, log_prob_output, after_update, runs["n"] - after_update
+
+
+def test_verls_patch_and_the_plugin_compose(build, kind, batch, only):
+    if kind != "gpt":
+        pytest.skip("veRL's mtp_patch patches GPTModel only")
+    only("verl")
+    grads, out, train_runs, log_prob_runs = actor_steps(build, batch, with_plugin=False)
+    assert (train_runs, log_prob_runs) == (1, 1)  # the patch alone runs MTP in log-prob too
+    mtp_hooks.reset()
+    mtp_hooks_verl.reset()
+    only("verl")
+    hooked_grads, hooked_out, train_runs, log_prob_runs = actor_steps(build, batch, True)
+    assert (train_runs, log_prob_runs) == (1, 0)
+    assert grads.keys() == hooked_grads.keys()
+    assert all(torch.equal(grads[k], hooked_grads[k]) for k in grads)
+    assert torch.equal(out, hooked_out)
