@@ -106,19 +106,20 @@ def decide_normalized(
     if _memo_generation[0] != generation:
         _memo.clear()
         _memo_generation[0] = generation
+    tracing = _policy.tracing()
     decision = _memo.get((role, phase))
     if decision is not None:
         return decision, True
     entry = _policy.lookup(role, str(phase))
     if entry is not None and entry.value != "auto":
         decision = Decision(entry.value == "run", "config", {}, phase, role, entry.source)
-        cacheable = True
-        if not _policy.tracing():
+        cacheable = not tracing  # a traced decision is logged at every call
+        if cacheable:
             _memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     else:
         decision = _plugin_decision(model, phase, role)
-        cacheable = not decision.votes
-    if _policy.tracing():
+        cacheable = not decision.votes and not tracing
+    if tracing:
         logger.info(
             "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s",
             phase,

@@ -86,3 +86,12 @@ def test_plugins_that_vote_are_asked_at_every_forward(model, batch, voter):
     for _ in range(3):
         model(*batch.args(), labels=batch.labels)
     assert len(counting.calls) == 3
+
+
+def test_with_tracing_on_every_forward_is_logged(model, batch, monkeypatch, caplog):
+    monkeypatch.setenv("MTP_HOOKS_TRACE", "1")
+    mtp_hooks.reload()
+    with caplog.at_level("INFO", logger="mtp_hooks"):
+        for _ in range(3):
+            model(*batch.args(), labels=batch.labels)
+    assert sum("mtp_hooks decision" in r.getMessage() for r in caplog.records) == 3

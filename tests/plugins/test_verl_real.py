@@ -114,3 +114,30 @@ def test_verls_patch_and_the_plugin_compose(build, kind, batch, only):
     assert grads.keys() == hooked_grads.keys()
     assert all(torch.equal(grads[k], hooked_grads[k]) for k in grads)
     assert torch.equal(out, hooked_out)
+
+
+def generated_trainer_config(name: str):
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    return OmegaConf.load(str(files("verl.trainer.config") / name))
+
+
+@pytest.mark.parametrize(
+    "name", ["_generated_ppo_megatron_trainer.yaml", "_generated_ppo_trainer.yaml"]
+)
+def test_veRLs_generated_default_trainer_config_is_accepted(name, only):
+    only("verl")
+    mtp = generated_trainer_config(name).actor_rollout_ref.model.mtp
+    assert mtp_hooks_verl.configure(mtp) == mtp_hooks_verl.VerlMTPConfig(False, False, False)
+    assert mtp_hooks.decide(None, "train").votes["verl"] is False  # enable=false: never run
+
+
+def test_veRLs_MtpConfig_dataclass_is_accepted(only):
+    from verl.workers.config import MtpConfig
+
+    only("verl")
+    config = mtp_hooks_verl.configure(MtpConfig(enable=True, enable_train=True))
+    assert (config.enable, config.enable_train, config.enable_rollout) == (True, True, False)
+    assert mtp_hooks.decide(None, "train").votes["verl"] is True
