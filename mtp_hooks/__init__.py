@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import _phases, _policy, _roles, plugins
+from . import _phases, _roles, _sources, plugins
 from ._decision import Decision, decide, explain
 from ._errors import (
     DecisionMismatchError,
@@ -22,8 +22,8 @@ from ._errors import (
     UnsupportedModelError,
 )
 from ._phases import Phase, current_phase, declare_phase, phase
-from ._policy import configure, reload
 from ._roles import role_of, set_role
+from ._sources import configure, reload
 from .hookspecs import hookimpl, hookspec
 from .plugins import get_plugin_manager, list_plugins, register, unregister
 
@@ -86,6 +86,6 @@ def reset() -> None:
     if auto is not None:
         auto.enable(False)
     plugins._reset()
-    _policy._reset()
+    _sources._reset()
     _phases._reset()
     _roles._reset()

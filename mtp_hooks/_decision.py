@@ -15,7 +15,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import _phases, _policy, _roles
+from . import _phases, _roles, _sources
 from ._errors import PolicyConflictError
 from .plugins import _registry
 
@@ -102,15 +102,15 @@ def decide_normalized(
     A decision may be reused until :func:`mtp_hooks._generation.current` changes when no plugin
     was consulted: the config decided, or no plugin implements ``should_run_mtp``.
     """
-    generation = _policy.generation()
+    generation = _sources.generation()
     if _memo_generation[0] != generation:
         _memo.clear()
         _memo_generation[0] = generation
-    tracing = _policy.tracing()
+    tracing = _sources.tracing()
     decision = _memo.get((role, phase))
     if decision is not None:
         return decision, True
-    entry = _policy.lookup(role, str(phase))
+    entry = _sources.lookup(role, str(phase))
     if entry is not None and entry.value != "auto":
         decision = Decision(entry.value == "run", "config", {}, phase, role, entry.source)
         cacheable = not tracing  # a traced decision is logged at every call
@@ -141,7 +141,7 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
     canonical = _phases.normalize(phase, "mtp_hooks.explain()")
     role = _roles.role_of(model)
     lines = [f"phase: {canonical}", f"role: {role or '-'}"]
-    entry = _policy.lookup(role, str(canonical))
+    entry = _sources.lookup(role, str(canonical))
     if entry is not None:
         lines.append(f"config: {entry.value} (from {entry.source})")
     else:

@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import _decision, _phases, _policy
+from . import _decision, _phases, _sources
 from .hookspecs import PROJECT_NAME
 
 __all__ = ["run_demo"]
@@ -165,7 +165,7 @@ def _table(rows: list[Row]) -> str:
 
 def run_demo(policy: str = "train=run,eval=skip,rollout=skip", models: str = "gpt,hybrid") -> int:
     """Run the demo and print its table. Returns the process exit status."""
-    _policy.configure(policy)  # validated before anything is built
+    _sources.configure(policy)  # validated before anything is built
     wanted = [m.strip() for m in models.split(",") if m.strip()]
     unknown = set(wanted) - {"gpt", "hybrid"}
     if unknown:

@@ -17,6 +17,7 @@ import pluggy
 
 from . import _env, _generation, hookspecs
 from ._errors import PluginError, PluginLoadError, PolicyError
+from ._plugin_checks import check_plugin
 
 __all__ = [
     "PluginInfo",
@@ -117,26 +118,7 @@ class PluginRegistry:
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register ``plugin`` and validate its hooks; nothing stays registered on failure."""
         label = name or repr(plugin)
-        if plugin is None or isinstance(plugin, (str, bytes, int, float, bool)):
-            raise PluginLoadError(
-                f"cannot register {plugin!r} as an mtp_hooks plugin: pass a module, a class "
-                "instance or another object whose hook functions carry @mtp_hooks.hookimpl"
-            )
-        options = self._hook_options(plugin)
-        if not options:
-            raise PluginLoadError(
-                f"mtp_hooks plugin {label}: implements no mtp_hooks hook; decorate its "
-                "should_run_mtp or declare_phases with @mtp_hooks.hookimpl (a hookimpl marker of "
-                "another project name is not seen)"
-            )
-        wrappers = sorted(n for n, o in options.items() if o.get("hookwrapper") or o.get("wrapper"))
-        if wrappers:
-            raise PluginLoadError(
-                f"mtp_hooks plugin {label}: {', '.join(wrappers)} is declared as a hook wrapper; "
-                "mtp-hooks counts each plugin's own vote by name, so a wrapper could change "
-                "votes unseen. Drop wrapper=True/hookwrapper=True and return True (run), False "
-                "(skip) or None (abstain)."
-            )
+        check_plugin(self.pm, plugin, label)
         if name is not None and self.pm.is_blocked(name):
             raise PluginLoadError(
                 f"mtp_hooks plugin {name!r} is blocked by {ENV_DISABLE}; unset it to register"
@@ -158,18 +140,6 @@ class PluginRegistry:
             raise
         self._changed()
         return registered
-
-    def _hook_options(self, plugin: object) -> dict[str, dict[str, Any]]:
-        """The hookimpl options of every attribute of ``plugin`` marked for mtp_hooks."""
-        found: dict[str, dict[str, Any]] = {}
-        for attr in dir(plugin):
-            try:
-                opts = self.pm.parse_hookimpl_opts(plugin, attr)
-            except Exception:  # an attribute that raises on access is no hook
-                opts = None
-            if opts is not None:
-                found[opts.get("specname") or attr] = dict(opts)
-        return found
 
     def _discard(self, plugin: object, name: str | None) -> None:
         """Undo a registration that pluggy left half done (it keeps the name on some versions)."""

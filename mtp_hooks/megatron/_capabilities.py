@@ -51,17 +51,33 @@ def native_flag(cls: type) -> bool:
 
 
 @functools.cache
-def inference_arg_index(cls: type) -> dict[str, int | None]:
-    """Positional index (after ``self``) of each inference-context argument of ``cls.forward``."""
+def inference_arguments(cls: type) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    """The inference-context arguments of ``cls.forward``: their names, and the positional
+    indices (after ``self``) of those that can be passed by position."""
     params = list(inspect.signature(cls.forward).parameters.values())[1:]
-    out: dict[str, int | None] = {}
-    for name in ("inference_context", "inference_params"):
-        out[name] = None
-        for i, p in enumerate(params):
-            if p.name == name:
-                positional = p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                out[name] = i if positional else -1
-    return out
+    names, positions = [], []
+    for i, p in enumerate(params):
+        if p.name in ("inference_context", "inference_params"):
+            names.append(p.name)
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+                positions.append(i)
+    return tuple(names), tuple(positions)
+
+
+def uses_cuda_graphs(config: Any) -> bool:
+    """Whether ``config`` records local or Transformer-Engine CUDA graphs."""
+    impl = getattr(config, "cuda_graph_impl", "none")
+    return impl in ("local", "transformer_engine") or bool(
+        getattr(config, "enable_cuda_graph", False)
+    )
+
+
+def tied_mtp_stage(model: Any) -> bool:
+    """An MTP pipeline stage without ``pre_process`` whose output layer ties to the embedding:
+    there, turning ``mtp_process`` off switches the logits to another weight."""
+    return not getattr(model, "pre_process", True) and bool(
+        getattr(model, "share_embeddings_and_output_weights", False)
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -72,19 +88,6 @@ def inference_mode_class() -> Any:
     except ImportError:
         return None
     return InferenceMode if hasattr(InferenceMode, "is_active") else None
-
-
-def has_inference_context(indices: dict[str, int | None], args: tuple, kwargs: dict) -> bool:
-    """Whether a forward call passes an inference context, positionally or by keyword.
-
-    ``indices`` is :func:`inference_arg_index` of the model's class.
-    """
-    for name, index in indices.items():
-        if kwargs and kwargs.get(name) is not None:
-            return True
-        if index is not None and 0 <= index < len(args) and args[index] is not None:
-            return True
-    return False
 
 
 def has_mtp(model: Any) -> bool:

@@ -33,33 +33,6 @@ def mtp_only_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Para
     return params
 
 
-def refuse_unsupported_config(config: Any) -> None:
-    """Refuse, at attach time, execution paths that never call ``Module.__call__``."""
-    if getattr(config, "overlap_moe_expert_parallel_comm", False):
-        raise UnsupportedModelError(
-            "mtp_hooks.attach: overlap_moe_expert_parallel_comm=True runs the combined 1F1B "
-            "schedule, which calls the model through build_schedule_plan and never runs forward "
-            "hooks, so MTP could not be gated. Set overlap_moe_expert_parallel_comm=False to use "
-            "mtp-hooks."
-        )
-    if getattr(config, "mtp_standalone", False):
-        raise UnsupportedModelError(
-            "mtp_hooks.attach: this pipeline layout puts MTP on a standalone stage "
-            "(config.mtp_standalone=True), where the MTP stage and the loss stage would have to "
-            "reach the same decision for every microbatch independently. It is not supported; "
-            "place MTP on the last pipeline stage (the default layout) to use mtp-hooks."
-        )
-    impl = getattr(config, "cuda_graph_impl", "none")
-    scope = getattr(config, "cuda_graph_scope", None)
-    scopes = scope if isinstance(scope, (list, tuple)) else [scope]
-    if impl == "full_iteration" or any("full_iteration" in str(s) for s in scopes):
-        raise UnsupportedModelError(
-            "mtp_hooks.attach: full-iteration CUDA graphs (cuda_graph_impl='full_iteration') "
-            "replay the whole iteration without calling the model, so forward hooks never run. "
-            "Use cuda_graph_impl='none' or 'local' with a constant MTP policy."
-        )
-
-
 class _ZeroGradDependency(torch.autograd.Function):
     """Returns ``output`` unchanged; in backward, gives each extra input a zero gradient."""
 

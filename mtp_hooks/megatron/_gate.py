@@ -6,16 +6,9 @@ Megatron reads: ``model.mtp_process`` and ``model.config.mtp_num_layers`` (throu
 of the config, never the shared object). The forward hook, registered first and with
 ``always_call=True``, restores both before anything else, also when forward raises.
 
-Every call pushes one :class:`_Frame` naming the interpreter frame that runs it (torch's own
-hook-calling frame, alive exactly as long as the call). That makes three things decidable:
-
-* **Interrupted calls.** torch runs ``always_call`` hooks for ``Exception`` only, so a
-  ``KeyboardInterrupt`` or ``SystemExit`` leaves a frame whose caller is gone. The next forward
-  of the model, ``remove()`` and ``detach()`` find it and restore the gates first.
-* **Threads.** Frames carry their thread. A call that would change the shared gates while
-  another thread's forward of the same model is running raises instead of swapping decisions.
-* **Removal from inside a forward.** ``remove()`` then leaves the restoring hook in place
-  until the running calls have returned, so each forward completes in one consistent state.
+Every call pushes one record (:mod:`._calls`) naming the interpreter frame that runs it, which
+lets the gate repair interrupted calls, tell threads apart and defer removal until running
+calls return.
 
 The gates are written with ``object.__setattr__``: both are plain instance attributes (never
 parameters, buffers or submodules), for which ``nn.Module.__setattr__`` ends in exactly that
@@ -34,18 +27,14 @@ from typing import Any
 
 import torch
 
-from .. import _decision, _phases, _policy, _roles
-from .._errors import MTPHooksError, UnsupportedModelError
-from . import _capabilities, _distributed
+from .. import _decision, _phases, _roles, _sources
+from .._errors import UnsupportedModelError
+from . import _calls, _capabilities, _distributed, _refusals
 
-# One running (or interrupted) forward call of the gated model, as a plain tuple (the cheapest
-# object to build per call): (thread ident, the interpreter frame that called the pre-hook or
-# None for "always stale", (mtp_process, config) to put back or None, whether MTP was skipped).
-_Frame = tuple[int, FrameType | None, tuple[Any, Any] | None, bool]
-_THREAD, _OWNER, _RESTORE, _SKIPPED = range(4)
 _RUN, _SKIP, _UNTOUCHED = range(3)  # slots of a phase's counters
 _get_ident = threading.get_ident
 _getframe = sys._getframe
+_OWNER, _RESTORE, _SKIPPED = _calls.OWNER, _calls.RESTORE, _calls.SKIPPED
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
@@ -60,25 +49,16 @@ class MTPGate:
         self._model = weakref.ref(model)
         self.cls = type(model)
         self.native = _capabilities.native_flag(self.cls)
-        indices = _capabilities.inference_arg_index(self.cls)
-        self.inference_names = tuple(indices)
-        self.inference_positions = tuple(i for i in indices.values() if i is not None and i >= 0)
+        self.inference_names, self.inference_positions = _capabilities.inference_arguments(self.cls)
         self.inference_mode = _capabilities.inference_mode_class()
-        self.tied_hazard = (
-            not self.native
-            and not getattr(model, "pre_process", True)
-            and bool(getattr(model, "share_embeddings_and_output_weights", False))
-        )
+        self.tied_hazard = not self.native and _capabilities.tied_mtp_stage(model)
         self.verify = verify
         self.ddp = ddp
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
-        impl = getattr(model.config, "cuda_graph_impl", "none")
-        self.cuda_graphs = impl in ("local", "transformer_engine") or bool(
-            getattr(model.config, "enable_cuda_graph", False)
-        )
+        self.cuda_graphs = _capabilities.uses_cuda_graphs(model.config)
         self.checks = verify or self.cuda_graphs  # a per-call check: decide at every call
-        _distributed.refuse_unsupported_config(model.config)
-        self.frames: list[_Frame] = []
+        _refusals.refuse_unsupported_config(model.config)
+        self.frames: list[_calls.Frame] = []
         self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched]
         self.cache: dict[Any, tuple[int, bool, list[int]]] = {}  # phase -> _decide's entry
         self.last_run: bool | None = None
@@ -117,7 +97,7 @@ class MTPGate:
                 self.handles[0].remove()
             model = self._model()
             if model is not None:
-                self._prune(model, None)
+                _calls.prune(self.frames, model, None)
             if not self.frames:
                 for handle in self.handles[1:]:
                     handle.remove()
@@ -145,7 +125,7 @@ class MTPGate:
         frames = self.frames
         if frames:  # a running call (nesting, another thread) or an interrupted one
             with self.lock:
-                self._prune(module, None)
+                _calls.prune(self.frames, module, None)
         # -- decide (no lock held: a plugin may detach, or forward another model) --
         mode = self.inference_mode
         inference = mode is not None and mode.is_active()
@@ -160,11 +140,7 @@ class MTPGate:
             self._count("inference", _UNTOUCHED)
             run: bool | None = None
         elif _is_compiling():
-            raise UnsupportedModelError(
-                "mtp_hooks: a gated model is running under torch.compile, where forward hooks "
-                "with always_call=True do not run when forward raises. Run it uncompiled, or "
-                "mtp_hooks.detach() it first."
-            )
+            _refusals.refuse_compiling()
         else:
             mtp_process, config = self.base if frames else (module.mtp_process, module.config)
             if mtp_process and getattr(config, "mtp_num_layers", None):
@@ -172,7 +148,7 @@ class MTPGate:
                 if phase is None:
                     phase = _TRAIN if module.training and _grad_enabled() else _EVAL
                 cached = self.cache.get(phase)
-                if cached is None or cached[0] != _policy.generation() or self.checks:
+                if cached is None or cached[0] != _sources.generation() or self.checks:
                     cached = self._decide(module, phase)
                 run = cached[1]
             else:
@@ -192,8 +168,8 @@ class MTPGate:
             toggled = current[0] is not base[0] or current[1] is not base[1]
             if not run:
                 return self._skip(module, owner, thread, cached[2], current, args, kwargs)
-            if toggled and self._other_thread(thread):
-                self._refuse_concurrent(module, "run")
+            if toggled and _calls.other_thread(self.frames, thread):
+                _calls.refuse_concurrent(self.frames, module, "run")
             cached[2][_RUN] += 1
             if not toggled:
                 frames.append((thread, owner, None, False))
@@ -209,10 +185,10 @@ class MTPGate:
         with self.lock:
             frames = self.frames
             if frames and frames[-1][_OWNER] is caller:
-                frame: _Frame | None = frames.pop()
+                frame: _calls.Frame | None = frames.pop()
             else:  # forward raised (caller is torch's exception handler) or threads interleave
-                frame = self._pop_own(caller)
-                self._prune(module, caller)
+                frame = _calls.pop_own(self.frames, caller)
+                _calls.prune(self.frames, module, caller)
             if frame is not None and frame[_RESTORE] is not None:
                 _set(module, "mtp_process", frame[_RESTORE][0])
                 _set(module, "config", frame[_RESTORE][1])
@@ -228,12 +204,13 @@ class MTPGate:
     def _decide(self, module: torch.nn.Module, phase: Any) -> tuple[int, bool, list[int]]:
         """Decide for ``phase``; returns ``(generation, run, the phase's counters)``, cached
         while nothing a decision depends on changes and no per-call check is on."""
-        generation = _policy.generation()
+        generation = _sources.generation()
         decision, cacheable = _decision.decide_normalized(module, phase, _roles.role_of(module))
         if self.verify:
             _distributed.verify_agreement(decision, phase)
         if self.cuda_graphs:
-            self._check_cuda_graphs(decision.run)
+            _refusals.check_cuda_graph_decision(self.last_run, decision.run, self.base[1])
+            self.last_run = decision.run
         counters = self.counts.get(phase)
         if counters is None:
             counters = self.counts[phase] = [0, 0, 0]
@@ -255,19 +232,12 @@ class MTPGate:
         """Apply a skip (under the lock): the native flag, or the two instance gates."""
         self.ddp.check_skip_allowed()
         if not self.native and self.tied_hazard:
-            raise UnsupportedModelError(
-                "mtp_hooks: cannot skip MTP on this pipeline stage: it has MTP, no pre_process "
-                "and share_embeddings_and_output_weights=True, and this megatron-core has no "
-                "native compute_mtp_loss flag. Turning mtp_process off would switch the output "
-                "layer to an unsynced weight and silently change the loss. Use a policy that "
-                "runs MTP here, set share_embeddings_and_output_weights=False, or upgrade to a "
-                "megatron-core whose HybridModel.forward accepts compute_mtp_loss."
-            )
-        if self._other_thread(thread):
-            self._refuse_concurrent(module, "skip")
+            _refusals.refuse_tied_stage_skip()
+        if _calls.other_thread(self.frames, thread):
+            _calls.refuse_concurrent(self.frames, module, "skip")
         counters[_SKIP] += 1
         self.frames.append((thread, owner, current, True))
-        _set(module, "config", config_without_mtp(self.base[1]))
+        _set(module, "config", _calls.config_without_mtp(self.base[1]))
         if self.native:
             # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
             # config copy tells everything that counts MTP heads (ModelOpt's loss) there are none.
@@ -275,62 +245,12 @@ class MTPGate:
         _set(module, "mtp_process", False)
         return None
 
-    # -- frames --------------------------------------------------------------------------------
-    def _prune(self, module: torch.nn.Module, finished: FrameType | None) -> None:
-        """Drop frames whose call is over (``finished`` counts as over), newest first, restoring
-        what each changed. Only interrupted calls leave such frames behind."""
-        me = _get_ident()
-        others = sys._current_frames() if self._other_thread(me) else {}
-        here = _getframe()
-        for i in range(len(self.frames) - 1, -1, -1):
-            thread, owner, restore, _ = self.frames[i]
-            top = here if thread == me else others.get(thread)
-            if owner is not None and owner is not finished and _on_stack(owner, top):
-                continue
-            del self.frames[i]
-            if restore is not None:
-                _set(module, "mtp_process", restore[0])
-                _set(module, "config", restore[1])
-
-    def _pop_own(self, caller: FrameType) -> _Frame | None:
-        for i in range(len(self.frames) - 1, -1, -1):
-            if self.frames[i][_OWNER] is caller:
-                return self.frames.pop(i)
-        return None
-
-    def _other_thread(self, thread: int) -> bool:
-        return any(f[_THREAD] != thread for f in self.frames)
-
-    def _refuse_concurrent(self, module: torch.nn.Module, decision: str) -> None:
-        others = sorted({f[_THREAD] for f in self.frames if f[_THREAD] != _get_ident()})
-        raise MTPHooksError(
-            f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
-            f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "
-            "other way. The MTP gates are attributes of the shared model, so two threads cannot "
-            "hold different decisions at once. Forward one model per thread, serialize the "
-            "forwards of this model, or use a megatron-core whose forward accepts the native "
-            "compute_mtp_loss flag (per call, no such limit)."
-        )
-
     # -- helpers -------------------------------------------------------------------------------
     def _count(self, phase: Any, slot: int) -> None:
         counters = self.counts.get(phase)
         if counters is None:
             counters = self.counts[phase] = [0, 0, 0]
         counters[slot] += 1
-
-    def _check_cuda_graphs(self, run: bool) -> None:
-        """Refuse a decision that differs from the last one on a model with CUDA graphs."""
-        if self.last_run is not None and self.last_run != run:
-            impl = getattr(self.base[1], "cuda_graph_impl", "local")
-            raise UnsupportedModelError(
-                f"mtp_hooks: the MTP decision changed from {'run' if self.last_run else 'skip'}"
-                f" to {'run' if run else 'skip'} on a model with CUDA graphs "
-                f"(cuda_graph_impl={impl!r}); a graph recorded one way fails the other way "
-                "('no matching cudagraph runners'). Keep the policy constant for this model, "
-                "or set cuda_graph_impl='none'."
-            )
-        self.last_run = run
 
     def stats(self) -> dict[str, dict[str, int]]:
         """Counts of runs, skips and untouched (inference) calls, by phase."""
@@ -369,32 +289,3 @@ class MTPGate:
 
 
 _set = object.__setattr__
-
-
-def _current(module: torch.nn.Module) -> tuple[Any, Any]:
-    return module.mtp_process, module.config
-
-
-def _on_stack(frame: FrameType, top: FrameType | None) -> bool:
-    while top is not None:
-        if top is frame:
-            return True
-        top = top.f_back
-    return False
-
-
-def config_without_mtp(config: Any) -> Any:
-    """A fresh shallow copy of ``config`` with ``mtp_num_layers=None``.
-
-    Like ``copy.copy`` (no ``__init__``/``__post_init__``, so no re-validation), at half the cost
-    for a plain dataclass; classes with ``__slots__`` or ``__copy__`` go through ``copy.copy``.
-    """
-    cls = type(config)
-    state = getattr(config, "__dict__", None)
-    if state is None or hasattr(cls, "__copy__"):
-        new = copy.copy(config)
-    else:
-        new = object.__new__(cls)
-        new.__dict__.update(state)
-    new.mtp_num_layers = None
-    return new

@@ -1,0 +1,71 @@
+"""Megatron modes and calls a gate cannot handle safely, each refused with its cause and fix.
+
+Every refusal raises :class:`mtp_hooks.UnsupportedModelError` before anything is changed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._errors import UnsupportedModelError
+
+
+def refuse_unsupported_config(config: Any) -> None:
+    """Refuse, at attach time, execution paths that never call ``Module.__call__``."""
+    if getattr(config, "overlap_moe_expert_parallel_comm", False):
+        raise UnsupportedModelError(
+            "mtp_hooks.attach: overlap_moe_expert_parallel_comm=True runs the combined 1F1B "
+            "schedule, which calls the model through build_schedule_plan and never runs forward "
+            "hooks, so MTP could not be gated. Set overlap_moe_expert_parallel_comm=False to use "
+            "mtp-hooks."
+        )
+    if getattr(config, "mtp_standalone", False):
+        raise UnsupportedModelError(
+            "mtp_hooks.attach: this pipeline layout puts MTP on a standalone stage "
+            "(config.mtp_standalone=True), where the MTP stage and the loss stage would have to "
+            "reach the same decision for every microbatch independently. It is not supported; "
+            "place MTP on the last pipeline stage (the default layout) to use mtp-hooks."
+        )
+    impl = getattr(config, "cuda_graph_impl", "none")
+    scope = getattr(config, "cuda_graph_scope", None)
+    scopes = scope if isinstance(scope, (list, tuple)) else [scope]
+    if impl == "full_iteration" or any("full_iteration" in str(s) for s in scopes):
+        raise UnsupportedModelError(
+            "mtp_hooks.attach: full-iteration CUDA graphs (cuda_graph_impl='full_iteration') "
+            "replay the whole iteration without calling the model, so forward hooks never run. "
+            "Use cuda_graph_impl='none' or 'local' with a constant MTP policy."
+        )
+
+
+def refuse_tied_stage_skip() -> None:
+    """A skip on an MTP pipeline stage with tied embeddings and no native flag."""
+    raise UnsupportedModelError(
+        "mtp_hooks: cannot skip MTP on this pipeline stage: it has MTP, no pre_process "
+        "and share_embeddings_and_output_weights=True, and this megatron-core has no "
+        "native compute_mtp_loss flag. Turning mtp_process off would switch the output "
+        "layer to an unsynced weight and silently change the loss. Use a policy that "
+        "runs MTP here, set share_embeddings_and_output_weights=False, or upgrade to a "
+        "megatron-core whose HybridModel.forward accepts compute_mtp_loss."
+    )
+
+
+def refuse_compiling() -> None:
+    """A gated forward that dynamo is tracing."""
+    raise UnsupportedModelError(
+        "mtp_hooks: a gated model is running under torch.compile, where forward hooks "
+        "with always_call=True do not run when forward raises. Run it uncompiled, or "
+        "mtp_hooks.detach() it first."
+    )
+
+
+def check_cuda_graph_decision(last_run: bool | None, run: bool, config: Any) -> None:
+    """Refuse a decision that differs from the last one on a model with CUDA graphs."""
+    if last_run is not None and last_run != run:
+        impl = getattr(config, "cuda_graph_impl", "local")
+        raise UnsupportedModelError(
+            f"mtp_hooks: the MTP decision changed from {'run' if last_run else 'skip'}"
+            f" to {'run' if run else 'skip'} on a model with CUDA graphs "
+            f"(cuda_graph_impl={impl!r}); a graph recorded one way fails the other way "
+            "('no matching cudagraph runners'). Keep the policy constant for this model, "
+            "or set cuda_graph_impl='none'."
+        )
