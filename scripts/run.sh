@@ -90,8 +90,8 @@ case "$cmd" in
         env_legacy
         echo ">> tests on megatron-core 0.19.2 (Python 3.12)"
         pytest_in .venv "$@"
-        echo ">> tests on megatron-core 0.16.1 (Python 3.11): core, adapters, plugins"
-        pytest_in .venv-mcore016 tests/core tests/adapters tests/plugins "$@"
+        echo ">> tests on megatron-core 0.16.1 (Python 3.11): core, adapters, plugins, zero_edit"
+        pytest_in .venv-mcore016 tests/core tests/adapters tests/plugins tests/zero_edit "$@"
         env_core
         echo ">> core tests without torch or megatron-core (Python 3.10, pluggy 1.3.0)"
         pytest_in .venv-core310 tests/core "$@" ;;
