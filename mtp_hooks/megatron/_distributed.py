@@ -3,7 +3,7 @@
 * **Megatron DDP with ``overlap_grad_reduce``** waits, in the synchronising microbatch, for a
   gradient of every parameter that requires one. A skipped forward therefore attaches a
   zero-valued autograd dependency on every MTP-only parameter to the model output, so each gets
-  a zero gradient and its bucket is issued (hazards note, section 4).
+  a zero gradient and its bucket is issued (docs/hazards.md, section 4).
 * **``overlap_param_gather``** starts all-gathers from forward pre-hooks; a skipped MTP block
   would leave its bucket group's gather outstanding, so it is finished here.
 * **Rank agreement** (``verify=True`` or ``MTP_HOOKS_VERIFY=1``) checks each decision with one
@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 import weakref
 from typing import TYPE_CHECKING, Any
@@ -83,7 +84,6 @@ class DDPState:
     def __init__(self, model: torch.nn.Module, wrappers: list[torch.nn.Module]):
         ddps = megatron_ddps(wrappers)
         self._model = weakref.ref(model)
-        self._params: list[torch.nn.Parameter] | None = None
         self.megatron = bool(ddps)
         self.wrapped = self.megatron or any(
             isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers
@@ -92,13 +92,11 @@ class DDPState:
             mtp_param_gather_groups(ddps, mtp_only_parameters(model)) if ddps else []
         )
 
-    @property
+    @functools.cached_property
     def params(self) -> list[torch.nn.Parameter]:
         """The MTP-only parameters (found at first use: a deep copy is still being built)."""
-        if self._params is None:
-            model = self._model()
-            self._params = [p for _, p in mtp_only_parameters(model)] if model is not None else []
-        return self._params
+        model = self._model()
+        return [p for _, p in mtp_only_parameters(model)] if model is not None else []
 
     def check_skip_allowed(self) -> None:
         """Refuse a skip on a bare model whose MTP parameters sit in a Megatron DDP buffer."""

@@ -168,7 +168,7 @@ class MTPGate:
             toggled = current[0] is not base[0] or current[1] is not base[1]
             if not run:
                 return self._skip(module, owner, thread, cached[2], current, args, kwargs)
-            if toggled and _calls.other_thread(self.frames, thread):
+            if toggled and frames and _calls.other_thread(frames, thread):
                 _calls.refuse_concurrent(self.frames, module, "run")
             cached[2][_RUN] += 1
             if not toggled:
@@ -233,7 +233,7 @@ class MTPGate:
         self.ddp.check_skip_allowed()
         if not self.native and self.tied_hazard:
             _refusals.refuse_tied_stage_skip()
-        if _calls.other_thread(self.frames, thread):
+        if self.frames and _calls.other_thread(self.frames, thread):
             _calls.refuse_concurrent(self.frames, module, "skip")
         counters[_SKIP] += 1
         self.frames.append((thread, owner, current, True))
