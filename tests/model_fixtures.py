@@ -33,6 +33,7 @@ __all__ = [
     "Batch",
     "SEQ",
     "native",
+    "Wrapper",
     "VOCAB",
 ]
 
@@ -157,3 +158,14 @@ def native(kind: str) -> type:
 
     NativeFlagModel.__name__ = NativeFlagModel.__qualname__ = f"NativeFlag{Base.__name__}"
     return NativeFlagModel
+
+
+class Wrapper(torch.nn.Module):
+    """Like Float16Module or Megatron DDP: the real model sits at ``.module``."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)

@@ -10,16 +10,7 @@ import torch
 import mtp_hooks
 from mtp_hooks import tiny_models
 
-
-class Wrapper(torch.nn.Module):
-    """Like Float16Module or Megatron DDP: the real model sits at ``.module``."""
-
-    def __init__(self, module: torch.nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
+from model_fixtures import Wrapper
 
 
 def test_attach_refuses_an_unsupported_type_and_names_the_supported_ones():

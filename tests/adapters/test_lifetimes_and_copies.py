@@ -11,6 +11,8 @@ import torch
 
 import mtp_hooks
 
+from model_fixtures import Wrapper
+
 
 def deepcopy_model(model: torch.nn.Module) -> torch.nn.Module:
     """``copy.deepcopy`` with megatron's process groups shared: they cannot be copied."""
@@ -30,17 +32,6 @@ def deepcopy_model(model: torch.nn.Module) -> torch.nn.Module:
         for value in vars(module).values():
             collect(value)
     return copy.deepcopy(model, groups)
-
-
-class Wrapper(torch.nn.Module):
-    """Like Float16Module: the real model sits at ``.module``."""
-
-    def __init__(self, module: torch.nn.Module):
-        super().__init__()
-        self.module = module
-
-    def forward(self, *args, **kwargs):
-        return self.module(*args, **kwargs)
 
 
 @pytest.mark.parametrize("wrap", ["bare", "wrapper", "torch-ddp"])

@@ -12,7 +12,7 @@ from model_fixtures import native
 
 
 def mtp_stage(build):
-    """The last pipeline stage with MTP: no pre_process, tied embeddings (docs/hazards.md, section 6)."""
+    """The last pipeline stage with MTP: no pre_process, tied embeddings (docs/hazards.md, 6)."""
     model = build(pre_process=False, share_embeddings=True)
     assert model.mtp_process and not model.pre_process
     return model
