@@ -32,9 +32,9 @@ def mtp_forwards_in_a_worker(tests: str) -> dict[str, int]:
     import torch
 
     sys.path.insert(0, tests)
-    from cpu_stand_ins import install_cpu_memory_buffer
-
     from mtp_hooks import tiny_models  # to build the model only
+
+    from cpu_stand_ins import install_cpu_memory_buffer
 
     tiny_models.init_single_process(port=tiny_models.free_port())
     install_cpu_memory_buffer()
