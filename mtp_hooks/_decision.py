@@ -12,7 +12,7 @@ The outcome never depends on pluggy's call order.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from . import _phases, _roles, _sources
@@ -38,6 +38,9 @@ class Decision:
         role: The model's role, or ``None``.
         source: Where a config decision came from (``mtp_hooks.configure()``, an env var or a
             file), else ``None``.
+        loss_scale: The MTP loss weight this forward uses when MTP runs, from the config
+            (``run:0.3``) or from plugins' ``mtp_loss_scale``; ``None``: the model's own.
+        loss_scale_by: Who gave ``loss_scale``: ``"config"`` or the plugins' names, else ``None``.
     """
 
     run: bool
@@ -46,6 +49,8 @@ class Decision:
     phase: _phases.Phase | str | None = None
     role: str | None = None
     source: str | None = None
+    loss_scale: float | None = None
+    loss_scale_by: str | None = None
 
 
 def _conflict_message(role: str | None, phase: str, votes: dict[str, bool | None]) -> str:
@@ -59,6 +64,25 @@ def _conflict_message(role: str | None, phase: str, votes: dict[str, bool | None
         + f": {listed}. Settle it in the policy config, e.g. "
         f"mtp_hooks.configure('{key}=run') or MTP_HOOKS_POLICY={key}=skip."
     )
+
+
+def _with_plugin_loss_scale(
+    decision: Decision, model: Any, phase: Any, role: str | None
+) -> Decision:
+    scales = dict(sorted(_registry().loss_scales(model, phase)))
+    if len(set(scales.values())) > 1:
+        listed = ", ".join(f"{name}={scale:g}" for name, scale in scales.items())
+        key = f"{role}.{phase}" if role else str(phase)
+        raise PolicyConflictError(
+            f"plugins disagree on the MTP loss weight for phase {str(phase)!r}"
+            + (f" and role {role!r}" if role else "")
+            + f": {listed}. Settle it in the policy config, e.g. "
+            f"mtp_hooks.configure('{key}=run:0.1') or MTP_HOOKS_POLICY={key}=run:0.1."
+        )
+    if not scales:
+        return decision
+    weight = next(iter(scales.values()))
+    return replace(decision, loss_scale=weight, loss_scale_by=",".join(scales))
 
 
 def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
@@ -100,7 +124,8 @@ def decide_normalized(
     """:func:`decide` for a phase already normalized; also says whether the result may be cached.
 
     A decision may be reused until :func:`mtp_hooks._generation.current` changes when no plugin
-    was consulted: the config decided, or no plugin implements ``should_run_mtp``.
+    was consulted: the config decided (with its weight, or with no ``mtp_loss_scale`` plugin),
+    or no plugin implements ``should_run_mtp``.
     """
     generation = _sources.generation()
     if _memo_generation[0] != generation:
@@ -114,20 +139,29 @@ def decide_normalized(
     if entry is not None and entry.value != "auto":
         decision = Decision(entry.value == "run", "config", {}, phase, role, entry.source)
         cacheable = not tracing  # a traced decision is logged at every call
-        if cacheable:
-            _memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     else:
         decision = _plugin_decision(model, phase, role)
         cacheable = not decision.votes and not tracing
+    if decision.run:
+        if entry is not None and entry.loss_scale is not None:
+            decision = replace(decision, loss_scale=entry.loss_scale, loss_scale_by="config")
+        elif _registry().has_loss_scales():
+            decision = _with_plugin_loss_scale(decision, model, phase, role)
+            cacheable = False  # a weight may follow the training step
+    if cacheable:
+        _memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:
         logger.info(
-            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s",
+            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s",
             phase,
             role,
             decision.votes,
             decision.run,
             decision.decided_by,
             f" source={decision.source}" if decision.source else "",
+            f" loss_scale={decision.loss_scale:g} ({decision.loss_scale_by})"
+            if decision.loss_scale is not None
+            else "",
         )
     return decision, cacheable
 
@@ -159,4 +193,6 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
         lines.append(
             f"result: {'run' if decision.run else 'skip'} (decided by {decision.decided_by})"
         )
+        if decision.loss_scale is not None:
+            lines.append(f"loss scale: {decision.loss_scale:g} (from {decision.loss_scale_by})")
     return "\n".join(lines)

@@ -1,12 +1,13 @@
-"""What ``register()`` checks before pluggy sees a plugin: that it is one, and how it hooks in."""
+"""What the registry checks of plugins: that an object is one, how it hooks in, its phases."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import pluggy
 
-from ._errors import PluginLoadError
+from ._errors import PluginLoadError, PolicyError
 
 
 def check_plugin(pm: pluggy.PluginManager, plugin: object, label: str) -> None:
@@ -49,3 +50,30 @@ def hook_options(pm: pluggy.PluginManager, plugin: object) -> dict[str, dict[str
         if opts is not None:
             found[opts.get("specname") or attr] = dict(opts)
     return found
+
+
+def declared_phases(impls: Iterable[Any]) -> frozenset[str]:
+    """The phase names the ``declare_phases`` implementations return, validated by plugin.
+
+    Raises:
+        PolicyError: Naming the plugin, for a bare string, a non-iterable or a name that is not
+            an identifier.
+    """
+    names: set[str] = set()
+    for impl in impls:
+        result = impl.function()
+        if result is None:
+            continue
+        if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
+            raise PolicyError(
+                f"mtp_hooks plugin {impl.plugin_name!r}: declare_phases returned "
+                f"{result!r}; return a list of phase names, e.g. [{result!r}]"
+            )
+        for name in result:
+            if not isinstance(name, str) or not name.isidentifier():
+                raise PolicyError(
+                    f"mtp_hooks plugin {impl.plugin_name!r}: declare_phases returned "
+                    f"the invalid phase name {name!r}; use identifiers such as 'distill'"
+                )
+            names.add(name)
+    return frozenset(names)

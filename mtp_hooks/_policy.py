@@ -29,19 +29,64 @@ Key = tuple[str | None, str]  # (role or None, phase name)
 
 @dataclass(frozen=True)
 class PolicyEntry:
-    """One (role, phase) setting and where it came from."""
+    """One (role, phase) setting and where it came from.
+
+    Attributes:
+        value: ``"run"``, ``"skip"`` or ``"auto"``.
+        source: Where it came from (``mtp_hooks.configure()``, a variable or a file).
+        loss_scale: The MTP loss weight for a ``run`` entry (``run:0.3``), else ``None``: the
+            model's own ``mtp_loss_scaling_factor`` (or a plugin's ``mtp_loss_scale``) applies.
+    """
 
     value: str
     source: str
+    loss_scale: float | None = None
 
 
-def _value(raw: object, source: str, key: str) -> str:
-    value = raw.strip().lower() if isinstance(raw, str) else raw
-    if value not in VALUES:
+_ALLOWED = "'run', 'skip', 'auto' or 'run:WEIGHT' (e.g. 'run:0.3')"
+
+
+def _value(raw: object, source: str, key: str) -> tuple[str, float | None]:
+    """``(value, loss_scale)`` of a policy value: a string, or a ``{mtp, loss_scale}`` table."""
+    if isinstance(raw, Mapping):
+        unknown = sorted(set(raw) - {"mtp", "loss_scale"})
+        if unknown or "mtp" not in raw:
+            raise PolicyError(
+                f"{source}: key {key!r} has the table {dict(raw)!r}; a table takes 'mtp' "
+                "(required) and 'loss_scale', e.g. {mtp = \"run\", loss_scale = 0.3}"
+            )
+        value, _ = _value(raw["mtp"], source, key)
+        scale = raw.get("loss_scale")
+        if scale is None:
+            return value, None
+        return value, check_loss_scale(scale, f"{source}: key {key!r}", value)
+    text = raw.strip().lower() if isinstance(raw, str) else raw
+    if isinstance(text, str) and text.startswith("run:"):
+        return "run", check_loss_scale(text[4:].strip(), f"{source}: key {key!r}", "run")
+    if text not in VALUES:
+        raise PolicyError(f"{source}: key {key!r} has value {raw!r}; allowed values are {_ALLOWED}")
+    return text, None  # type: ignore[return-value]
+
+
+def check_loss_scale(raw: object, where: str, value: str = "run") -> float:
+    """A finite MTP loss weight >= 0 (``0`` still computes MTP: skip it to save the compute).
+
+    Raises:
+        PolicyError: Naming ``where``, for a weight that is negative, NaN, infinite, not a
+            number, or given with a value other than ``run``.
+    """
+    if value != "run":
+        raise PolicyError(f"{where}: a loss weight goes with 'run' only, not with {value!r}")
+    try:
+        scale = float(raw) if not isinstance(raw, bool) else float("nan")  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        scale = float("nan")
+    if not (scale >= 0 and scale != float("inf")):
         raise PolicyError(
-            f"{source}: key {key!r} has value {raw!r}; allowed values are 'run', 'skip', 'auto'"
+            f"{where}: loss weight {raw!r} is not a finite number >= 0; write e.g. 'run:0.3'. "
+            "A weight of 0 still computes MTP: use 'skip' to save the compute."
         )
-    return value  # type: ignore[return-value]
+    return scale
 
 
 def _key(raw: object, source: str) -> Key:
@@ -61,10 +106,16 @@ def _key(raw: object, source: str) -> Key:
     return (role or None, str(phase))
 
 
-def _add(entries: dict[Key, PolicyEntry], key: Key, raw_key: str, value: str, source: str) -> None:
+def _add(
+    entries: dict[Key, PolicyEntry],
+    key: Key,
+    raw_key: str,
+    value: tuple[str, float | None],
+    source: str,
+) -> None:
     if key in entries:
         raise PolicyError(f"{source}: duplicate key {raw_key!r}; give each (role, phase) once")
-    entries[key] = PolicyEntry(value, source)
+    entries[key] = PolicyEntry(value[0], source, value[1])
 
 
 def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
@@ -98,9 +149,10 @@ def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dic
     """Validate a policy given as a compact string or a mapping, and return its entries.
 
     The compact string is ``PHASE=VALUE`` or ``ROLE.PHASE=VALUE`` items separated by commas, e.g.
-    ``"train=run,eval=skip,teacher.train=skip"``. The mapping is shaped like the TOML ``[policy]``
-    table: ``{"train": "run", "roles": {"teacher": {"train": "skip"}}}``; ``"teacher.train"``
-    keys are accepted too.
+    ``"train=run:0.3,eval=skip,teacher.train=skip"``; ``run:WEIGHT`` also sets the MTP loss
+    weight. The mapping is shaped like the TOML ``[policy]`` table:
+    ``{"train": {"mtp": "run", "loss_scale": 0.3}, "roles": {"teacher": {"train": "skip"}}}``;
+    ``"teacher.train"`` keys and ``"run:0.3"`` strings are accepted too.
 
     Raises:
         PolicyError: Naming the source, the key, the bad value and the allowed values.

@@ -97,3 +97,47 @@ class RoleSettings(Generic[T]):
         """Forget every setting (for tests)."""
         self._by_role.clear()
         _generation.advance()
+
+
+def loss_scale_schedule(
+    points: Mapping[int, float], step: int, *, interpolate: bool = False
+) -> float:
+    """The MTP loss weight at ``step``, from ``{first step: weight}`` points.
+
+    Piecewise constant by default: the weight of the last point at or before ``step``, as
+    DeepSeek-V3 lowered 0.3 to 0.1 part-way through training. With ``interpolate=True`` the
+    weight moves linearly between points (a warm-up or a decay). Before the first point the
+    first weight applies, after the last point the last one. Return it from a plugin's
+    ``mtp_loss_scale`` hook, with the step the framework gives the plugin.
+
+    Raises:
+        PolicyError: No points, a step that is not an int >= 0, or a weight that is not a
+            finite number >= 0.
+
+    Example:
+        >>> from mtp_hooks.framework import loss_scale_schedule
+        >>> loss_scale_schedule({0: 0.3, 10_000: 0.1}, 9_999)
+        0.3
+        >>> loss_scale_schedule({0: 0.3, 10_000: 0.1}, 10_000)
+        0.1
+        >>> loss_scale_schedule({0: 0.0, 1_000: 0.3}, 500, interpolate=True)
+        0.15
+    """
+    from ._policy import check_loss_scale
+
+    if not points:
+        raise PolicyError("loss_scale_schedule: give at least one {step: weight} point")
+    table = []
+    for at, weight in points.items():
+        if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+            raise PolicyError(f"loss_scale_schedule: step {at!r} is not an int >= 0")
+        table.append((at, check_loss_scale(weight, f"loss_scale_schedule: step {at}")))
+    table.sort()
+    if step <= table[0][0]:
+        return table[0][1]
+    for (at, weight), (next_at, next_weight) in zip(table, table[1:], strict=False):
+        if at <= step < next_at:
+            if not interpolate:
+                return weight
+            return weight + (next_weight - weight) * (step - at) / (next_at - at)
+    return table[-1][1]

@@ -73,3 +73,38 @@ def declare_phases() -> Iterable[str]:
             def declare_phases():
                 return ["distill", "ref_logprob"]
     """
+
+
+@hookspec
+def mtp_loss_scale(model: Any, phase: Any) -> float | None:
+    """Give the MTP loss weight (``mtp_loss_scaling_factor``) for a forward that runs MTP.
+
+    Consulted when MTP runs and the policy config gives no weight for the model's (role,
+    phase) (``train=run:0.3`` does). Agreeing weights apply to that one forward, through the
+    per-call config copy the model reads the weight from; different weights raise
+    :class:`mtp_hooks.PolicyConflictError`; ``None`` abstains, and with no weight at all the
+    model's own ``mtp_loss_scaling_factor`` applies. The backward of that forward uses the
+    weight it was given. A weight of ``0`` still computes MTP: vote ``False`` in
+    ``should_run_mtp`` to save the compute.
+
+    Args:
+        model: As for :func:`should_run_mtp`.
+        phase: As for :func:`should_run_mtp`.
+
+    Returns:
+        A finite float ``>= 0``, or ``None``.
+
+    Example:
+        .. code-block:: python
+
+            from mtp_hooks import hookimpl
+            from mtp_hooks.framework import loss_scale_schedule
+
+            class DeepSeekV3Schedule:
+                def __init__(self, trainer):
+                    self.trainer = trainer
+
+                @hookimpl
+                def mtp_loss_scale(self, model, phase):
+                    return loss_scale_schedule({0: 0.3, 10_000: 0.1}, self.trainer.step)
+    """

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,7 +16,8 @@ import pluggy
 
 from . import _env, _generation, hookspecs
 from ._errors import PluginError, PluginLoadError, PolicyError
-from ._plugin_checks import check_plugin
+from ._plugin_checks import check_plugin, declared_phases
+from ._policy import check_loss_scale
 
 __all__ = [
     "PluginInfo",
@@ -110,8 +110,8 @@ class PluginRegistry:
             origin = f" (distribution {dist[0]} {dist[1]})" if dist else ""
             raise PluginLoadError(
                 f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not define: "
-                f"{exc}. Known hooks: should_run_mtp, declare_phases. Fix the name, or disable "
-                f"the plugin with {ENV_DISABLE}={name}."
+                f"{exc}. Known hooks: should_run_mtp, mtp_loss_scale, declare_phases. Fix the "
+                f"name, or disable the plugin with {ENV_DISABLE}={name}."
             ) from exc
 
     # -- registration ------------------------------------------------------------------------
@@ -150,18 +150,17 @@ class PluginRegistry:
 
     def unregister(self, name_or_plugin: str | object) -> None:
         """Unregister a plugin given by name or by object; unknown ones raise ``PolicyError``."""
-        if isinstance(name_or_plugin, str):
-            found = self.pm.get_plugin(name_or_plugin)
-            if found is None:
-                raise PolicyError(f"unregister: no plugin named {name_or_plugin!r} is registered")
-            self.pm.unregister(name=name_or_plugin)
-            self._dists.pop(name_or_plugin, None)
-        else:
-            name = self.pm.get_name(name_or_plugin)
-            if name is None:
-                raise PolicyError(f"unregister: {name_or_plugin!r} is not registered")
-            self.pm.unregister(name_or_plugin)
-            self._dists.pop(name, None)
+        by_name = isinstance(name_or_plugin, str)
+        name = name_or_plugin if by_name else self.pm.get_name(name_or_plugin)
+        if name is None or self.pm.get_plugin(name) is None:
+            what = (
+                f"no plugin named {name_or_plugin!r} is"
+                if by_name
+                else f"{name_or_plugin!r} is not"
+            )
+            raise PolicyError(f"unregister: {what} registered")
+        self.pm.unregister(name=name)
+        self._dists.pop(name, None)
         self._changed()
 
     def _changed(self) -> None:
@@ -176,17 +175,9 @@ class PluginRegistry:
             PluginError: A plugin raised; its exception is chained and the plugin is named.
             PolicyError: A plugin returned something other than ``True``, ``False`` or ``None``.
         """
-        kwargs = {"model": model, "phase": phase}
         out: list[tuple[str, bool | None]] = []
         for impl in self.pm.hook.should_run_mtp.get_hookimpls():
-            try:
-                vote = impl.function(*[kwargs[a] for a in impl.argnames])
-            except Exception as exc:
-                raise PluginError(
-                    f"mtp_hooks plugin {impl.plugin_name!r}: should_run_mtp raised "
-                    f"{type(exc).__name__}: {exc}. Fix the plugin, or disable it with "
-                    f"{ENV_DISABLE}={impl.plugin_name}."
-                ) from exc
+            vote = _call(impl, "should_run_mtp", model, phase)
             if vote is not None and not isinstance(vote, bool):
                 raise PolicyError(
                     f"plugin {impl.plugin_name!r}: should_run_mtp returned {vote!r}; "
@@ -195,31 +186,25 @@ class PluginRegistry:
             out.append((impl.plugin_name, vote))
         return out
 
-    def has_voters(self) -> bool:
-        """Whether any registered plugin implements ``should_run_mtp``."""
-        return bool(self.pm.hook.should_run_mtp.get_hookimpls())
+    def loss_scales(self, model: Any, phase: Any) -> list[tuple[str, float]]:
+        """Call ``mtp_loss_scale`` on every plugin; return ``(plugin name, weight)`` for each
+        plugin that gave one (validated: finite and ``>= 0``)."""
+        out: list[tuple[str, float]] = []
+        for impl in self.pm.hook.mtp_loss_scale.get_hookimpls():
+            scale = _call(impl, "mtp_loss_scale", model, phase)
+            if scale is not None:
+                where = f"plugin {impl.plugin_name!r}: mtp_loss_scale returned {scale!r}"
+                out.append((impl.plugin_name, check_loss_scale(scale, where)))
+        return out
+
+    def has_loss_scales(self) -> bool:
+        """Whether any registered plugin implements ``mtp_loss_scale``."""
+        return bool(self.pm.hook.mtp_loss_scale.get_hookimpls())
 
     def plugin_phases(self) -> frozenset[str]:
         """Custom phase names declared by plugins through ``declare_phases`` (cached)."""
         if self._phases is None:
-            names: set[str] = set()
-            for impl in self.pm.hook.declare_phases.get_hookimpls():
-                result = impl.function()
-                if result is None:
-                    continue
-                if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
-                    raise PolicyError(
-                        f"mtp_hooks plugin {impl.plugin_name!r}: declare_phases returned "
-                        f"{result!r}; return a list of phase names, e.g. [{result!r}]"
-                    )
-                for name in result:
-                    if not isinstance(name, str) or not name.isidentifier():
-                        raise PolicyError(
-                            f"mtp_hooks plugin {impl.plugin_name!r}: declare_phases returned "
-                            f"the invalid phase name {name!r}; use identifiers such as 'distill'"
-                        )
-                    names.add(name)
-            self._phases = frozenset(names)
+            self._phases = declared_phases(self.pm.hook.declare_phases.get_hookimpls())
         return self._phases
 
     def describe(self) -> list[PluginInfo]:
@@ -237,6 +222,18 @@ class PluginRegistry:
             if name not in self._blocked_eps:
                 infos.append(PluginInfo(name, None, None, (), blocked=True))
         return sorted(infos, key=lambda i: i.name)
+
+
+def _call(impl: Any, hook: str, model: Any, phase: Any) -> Any:
+    """Call one plugin's ``hook``; an exception becomes :class:`PluginError` naming the plugin."""
+    kwargs = {"model": model, "phase": phase}
+    try:
+        return impl.function(*[kwargs[a] for a in impl.argnames])
+    except Exception as exc:
+        raise PluginError(
+            f"mtp_hooks plugin {impl.plugin_name!r}: {hook} raised {type(exc).__name__}: {exc}. "
+            f"Fix the plugin, or disable it with {ENV_DISABLE}={impl.plugin_name}."
+        ) from exc
 
 
 _state: dict[str, PluginRegistry] = {}

@@ -55,16 +55,18 @@ class AttachHandle:
         """The subset that carries MTP on this rank and is gated."""
         return [m for gate in self.gates if (m := gate.model) is not None]
 
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Counts of MTP runs and skips by phase, summed over the gated models.
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Counts of MTP runs and skips by phase, summed over the gated models, and the loss
+        weight (``"loss_scale"``) the last weighted forward of a phase used.
 
-        Example: ``{"train": {"run": 3}, "eval": {"skip": 1}, "inference": {"untouched": 2}}``.
+        Example: ``{"train": {"run": 3, "loss_scale": 0.3}, "eval": {"skip": 1}}``.
         """
-        out: dict[str, dict[str, int]] = {}
+        out: dict[str, dict[str, float]] = {}
         for gate in self.gates:
             for phase, counts in gate.stats().items():
                 for what, n in counts.items():
-                    out.setdefault(phase, {})[what] = out.get(phase, {}).get(what, 0) + n
+                    seen = out.setdefault(phase, {})
+                    seen[what] = n if what == "loss_scale" else seen.get(what, 0) + n
         return out
 
     def remove(self) -> None:

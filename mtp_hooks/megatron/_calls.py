@@ -12,8 +12,8 @@ hook-calling frame, alive exactly as long as the call). That makes three things 
 * **Removal from inside a forward.** A record whose frame is still on a stack is a running
   call; removal waits for it.
 
-Callers hold the gate's lock around every function here. :func:`config_without_mtp` makes the
-config a skipped call runs with.
+Callers hold the gate's lock around every function here. :func:`config_copy` makes the config
+a skipped or re-weighted call runs with; :func:`copy_gate` the gate of a deep-copied model.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ from __future__ import annotations
 import copy
 import sys
 import threading
+import weakref
 from types import FrameType
 from typing import Any
 
-from .._errors import MTPHooksError
+from .._errors import MTPHooksError, UnsupportedModelError
 
 # A plain tuple, the cheapest object to build per call: (thread ident, the interpreter frame that
 # called the pre-hook or None for "always over", (mtp_process, config) to put back or None,
@@ -85,8 +86,8 @@ def _on_stack(frame: FrameType, top: FrameType | None) -> bool:
     return False
 
 
-def config_without_mtp(config: Any) -> Any:
-    """A fresh shallow copy of ``config`` with ``mtp_num_layers=None``.
+def config_copy(config: Any, **changes: Any) -> Any:
+    """A fresh shallow copy of ``config`` with ``changes`` applied, e.g. ``mtp_num_layers=None``.
 
     Like ``copy.copy`` (no ``__init__``/``__post_init__``, so no re-validation), at half the cost
     for a plain dataclass; classes with ``__slots__`` or ``__copy__`` go through ``copy.copy``.
@@ -98,5 +99,37 @@ def config_without_mtp(config: Any) -> Any:
     else:
         new = object.__new__(cls)
         new.__dict__.update(state)
-    new.mtp_num_layers = None
+    for name, value in changes.items():
+        setattr(new, name, value)
+    return new
+
+
+def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
+    """The gate of a deep copy of ``gate``'s model, registered through ``gate.on_copy``.
+
+    ``deepcopy`` reaches a gate through the hooks in its model's hook dicts, so the copied model
+    is in ``memo`` (still being filled). The copy gets its own hooks (their handles copied in
+    the same memo point at the copy's hook dicts), fresh counters, no DDP wrapper, and a record
+    that restores the original's base gates at its first forward, in case the original was
+    copied in the middle of a skipped forward.
+    """
+    from ._distributed import DDPState
+
+    model = gate.model
+    if model is None or id(model) not in memo:
+        raise UnsupportedModelError(
+            "mtp_hooks: copy the attached model itself, not its gate or AttachHandle"
+        )
+    new = object.__new__(type(gate))
+    new.__dict__.update(gate.__dict__)
+    new._model = weakref.ref(memo[id(model)])
+    new.ddp = DDPState(memo[id(model)], [])
+    new.base = copy.deepcopy(gate.base, memo)
+    new.frames = [(0, None, new.base, False)] if gate.frames else []
+    new.counts, new.cache, new.loss_scales, new.last_run = {}, {}, {}, None
+    new.lock, new.removed = threading.Lock(), False
+    memo[id(gate)] = new
+    new.handles = copy.deepcopy(gate.handles, memo)
+    if gate.on_copy is not None:
+        gate.on_copy(new)
     return new

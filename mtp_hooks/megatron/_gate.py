@@ -17,7 +17,6 @@ call after its isinstance checks.
 
 from __future__ import annotations
 
-import copy
 import sys
 import threading
 import weakref
@@ -28,10 +27,11 @@ from typing import Any
 import torch
 
 from .. import _decision, _phases, _roles, _sources
-from .._errors import UnsupportedModelError
 from . import _calls, _capabilities, _distributed, _refusals
 
 _RUN, _SKIP, _UNTOUCHED = range(3)  # slots of a phase's counters
+# A cached decision: (generation, run, the phase's counters, loss weight or None)
+_Entry = tuple[int, bool, list[int], float | None]
 _get_ident = threading.get_ident
 _getframe = sys._getframe
 _OWNER, _RESTORE, _SKIPPED = _calls.OWNER, _calls.RESTORE, _calls.SKIPPED
@@ -60,7 +60,8 @@ class MTPGate:
         _refusals.refuse_unsupported_config(model.config)
         self.frames: list[_calls.Frame] = []
         self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched]
-        self.cache: dict[Any, tuple[int, bool, list[int]]] = {}  # phase -> _decide's entry
+        self.cache: dict[Any, _Entry] = {}  # phase -> _decide's entry
+        self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
         self.last_run: bool | None = None
         self.lock = threading.Lock()
         self.removed = False
@@ -168,6 +169,8 @@ class MTPGate:
             toggled = current[0] is not base[0] or current[1] is not base[1]
             if not run:
                 return self._skip(module, owner, thread, cached[2], current, args, kwargs)
+            if cached[3] is not None:
+                return self._run_weighted(module, owner, thread, phase, cached, current)
             if toggled and frames and _calls.other_thread(frames, thread):
                 _calls.refuse_concurrent(self.frames, module, "run")
             cached[2][_RUN] += 1
@@ -201,9 +204,10 @@ class MTPGate:
         return None
 
     # -- deciding ------------------------------------------------------------------------------
-    def _decide(self, module: torch.nn.Module, phase: Any) -> tuple[int, bool, list[int]]:
-        """Decide for ``phase``; returns ``(generation, run, the phase's counters)``, cached
-        while nothing a decision depends on changes and no per-call check is on."""
+    def _decide(self, module: torch.nn.Module, phase: Any) -> _Entry:
+        """Decide for ``phase``; returns ``(generation, run, the phase's counters, loss
+        weight)``, cached while nothing a decision depends on changes and no per-call check
+        is on."""
         generation = _sources.generation()
         decision, cacheable = _decision.decide_normalized(module, phase, _roles.role_of(module))
         if self.verify:
@@ -214,10 +218,30 @@ class MTPGate:
         counters = self.counts.get(phase)
         if counters is None:
             counters = self.counts[phase] = [0, 0, 0]
-        entry = (generation, decision.run, counters)
+        entry = (generation, decision.run, counters, decision.loss_scale)
         if cacheable:
             self.cache[phase] = entry
         return entry
+
+    def _run_weighted(
+        self,
+        module: torch.nn.Module,
+        owner: FrameType,
+        thread: int,
+        phase: Any,
+        cached: _Entry,
+        current: tuple[Any, Any],
+    ) -> None:
+        """Run MTP with the decision's loss weight (under the lock): the model reads the weight
+        from its own config at forward time, so this call gets a config copy carrying it."""
+        if self.frames and _calls.other_thread(self.frames, thread):
+            _calls.refuse_concurrent(self.frames, module, "run with its own loss weight")
+        cached[2][_RUN] += 1
+        self.loss_scales[phase] = cached[3]
+        self.frames.append((thread, owner, current, False))
+        base_mtp_process, base_config = self.base
+        _set(module, "mtp_process", base_mtp_process)
+        _set(module, "config", _calls.config_copy(base_config, mtp_loss_scaling_factor=cached[3]))
 
     def _skip(
         self,
@@ -237,7 +261,7 @@ class MTPGate:
             _calls.refuse_concurrent(self.frames, module, "skip")
         counters[_SKIP] += 1
         self.frames.append((thread, owner, current, True))
-        _set(module, "config", _calls.config_without_mtp(self.base[1]))
+        _set(module, "config", _calls.config_copy(self.base[1], mtp_num_layers=None))
         if self.native:
             # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
             # config copy tells everything that counts MTP heads (ModelOpt's loss) there are none.
@@ -252,40 +276,21 @@ class MTPGate:
             counters = self.counts[phase] = [0, 0, 0]
         counters[slot] += 1
 
-    def stats(self) -> dict[str, dict[str, int]]:
-        """Counts of runs, skips and untouched (inference) calls, by phase."""
+    def stats(self) -> dict[str, dict[str, float]]:
+        """Counts of runs, skips and untouched (inference) calls by phase, and the loss weight
+        the last weighted forward of each phase used (``"loss_scale"``)."""
         out: dict[str, dict[str, int]] = {}
         for phase, counters in sorted(self.counts.items(), key=lambda kv: str(kv[0])):
             named = zip(("run", "skip", "untouched"), counters, strict=True)
             out[str(phase)] = {what: n for what, n in named if n}
+        for phase, scale in self.loss_scales.items():
+            out.setdefault(str(phase), {})["loss_scale"] = scale
         return out
 
     # -- copies --------------------------------------------------------------------------------
     def __deepcopy__(self, memo: dict[int, Any]) -> MTPGate:
-        """A gate of its own for a deep copy of the model, which ``on_copy`` registers.
-
-        Reached through the hooks in the model's hook dicts, so the copied model is in ``memo``
-        (still being filled). The copy starts with the gates of the original's base, even when
-        the original was copied in the middle of a forward.
-        """
-        model = self._model()
-        if model is None or id(model) not in memo:
-            raise UnsupportedModelError(
-                "mtp_hooks: copy the attached model itself, not its gate or AttachHandle"
-            )
-        new = object.__new__(MTPGate)
-        new.__dict__.update(self.__dict__)
-        new._model = weakref.ref(memo[id(model)])
-        new.ddp = _distributed.DDPState(memo[id(model)], [])
-        new.base = copy.deepcopy(self.base, memo)
-        new.frames = [(0, None, new.base, False)] if self.frames else []
-        new.counts, new.cache, new.last_run = {}, {}, None
-        new.lock, new.removed = threading.Lock(), False
-        memo[id(self)] = new
-        new.handles = copy.deepcopy(self.handles, memo)
-        if self.on_copy is not None:
-            self.on_copy(new)
-        return new
+        """A gate of its own for a deep copy of the model (:func:`._calls.copy_gate`)."""
+        return _calls.copy_gate(self, memo)
 
 
 _set = object.__setattr__

@@ -52,5 +52,5 @@ def test_a_bad_policy_is_one_error_line_before_anything_is_built():
     assert out.returncode == 2 and "building" not in out.stderr
     assert out.stderr.strip() == (
         "mtp-hooks: error: mtp_hooks.configure(): key 'train' has value 'sometimes'; "
-        "allowed values are 'run', 'skip', 'auto'"
+        "allowed values are 'run', 'skip', 'auto' or 'run:WEIGHT' (e.g. 'run:0.3')"
     )
