@@ -1,7 +1,8 @@
 """The exception hierarchy of mtp-hooks.
 
 Every error the library raises derives from :class:`MTPHooksError`, so a framework can catch the
-whole family with one ``except`` clause. Messages always name the culprit (phase, key, plugin or
+whole family with one ``except`` clause. They print as ``mtp_hooks.PolicyError`` and so on, the
+name they are imported by. Messages always name the culprit (phase, key, plugin or
 Megatron setting) and the fix.
 """
 
@@ -21,26 +22,40 @@ __all__ = [
 class MTPHooksError(Exception):
     """Base class of every error raised by mtp-hooks."""
 
+    __module__ = "mtp_hooks"
+
 
 class PolicyError(MTPHooksError, ValueError):
     """A phase, a policy value or a policy source is malformed or unknown."""
+
+    __module__ = "mtp_hooks"
 
 
 class PolicyConflictError(MTPHooksError):
     """Plugins voted both ways for one (role, phase); the policy config must settle it."""
 
+    __module__ = "mtp_hooks"
+
 
 class PluginLoadError(MTPHooksError):
     """An entry-point plugin failed to import, to register or to validate."""
+
+    __module__ = "mtp_hooks"
 
 
 class PluginError(MTPHooksError):
     """A plugin's hook raised while deciding; the plugin's own exception is chained."""
 
+    __module__ = "mtp_hooks"
+
 
 class UnsupportedModelError(MTPHooksError, TypeError):
     """The model, or a Megatron mode it runs in, cannot be gated safely."""
 
+    __module__ = "mtp_hooks"
+
 
 class DecisionMismatchError(MTPHooksError):
     """Ranks that must agree on an MTP decision did not (``MTP_HOOKS_VERIFY``)."""
+
+    __module__ = "mtp_hooks"

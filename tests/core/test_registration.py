@@ -131,3 +131,12 @@ def test_every_public_name_is_exported():
         if name in {"AttachHandle", "attach", "detach", "freeze_mtp"}:
             continue  # need torch; covered by the adapter tests
         assert getattr(mtp_hooks, name) is not None
+
+
+def test_errors_print_under_the_name_they_are_imported_by():
+    names = [n for n in mtp_hooks.__all__ if n.endswith("Error")]
+    assert names and all(
+        getattr(mtp_hooks, n).__module__ == "mtp_hooks"
+        and repr(getattr(mtp_hooks, n)) == f"<class 'mtp_hooks.{n}'>"
+        for n in names
+    )
