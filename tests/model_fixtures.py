@@ -11,6 +11,7 @@ stand-ins live here, in the test harness, and nowhere in the library.
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -19,6 +20,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
+import mtp_hooks  # noqa: E402
 from mtp_hooks import tiny_models  # noqa: E402
 
 from cpu_stand_ins import install_cpu_memory_buffer  # noqa: E402
@@ -34,6 +36,8 @@ __all__ = [
     "SEQ",
     "native",
     "Wrapper",
+    "Paused",
+    "forward_in",
     "VOCAB",
 ]
 
@@ -169,3 +173,49 @@ class Wrapper(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
+
+
+THREAD_TIMEOUT = 60
+
+
+class Paused:
+    """Runs ``model``'s forward in a thread and holds it inside the decoder until released."""
+
+    def __init__(self, model, batch, phase: str):
+        self.inside, self.release = threading.Event(), threading.Event()
+        self.seen: list[tuple[bool, bool]] = []
+        self.error: BaseException | None = None
+        shared = model.config
+
+        def hold(module, args, output):
+            if threading.current_thread() is self.thread:
+                self.seen.append((model.mtp_process, model.config is shared))
+                self.inside.set()
+                assert self.release.wait(THREAD_TIMEOUT)
+                self.seen.append((model.mtp_process, model.config is shared))
+
+        self.hook = model.decoder.register_forward_hook(hold)
+
+        def run():
+            try:
+                model.eval()
+                with torch.no_grad(), mtp_hooks.phase(phase):
+                    model(*batch.args(), labels=batch.labels)
+            except BaseException as exc:  # reported to the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        assert self.inside.wait(THREAD_TIMEOUT)
+
+    def finish(self) -> None:
+        self.release.set()
+        self.thread.join(THREAD_TIMEOUT)
+        self.hook.remove()
+        if self.error is not None:
+            raise self.error
+
+
+def forward_in(model, batch, phase: str) -> None:
+    with torch.no_grad(), mtp_hooks.phase(phase):
+        model(*batch.args(), labels=batch.labels)

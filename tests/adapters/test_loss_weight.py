@@ -13,7 +13,7 @@ import torch
 import mtp_hooks
 from mtp_hooks import tiny_models
 
-from model_fixtures import native
+from model_fixtures import Paused, forward_in, native
 
 
 def train_step(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
@@ -86,8 +86,6 @@ def test_the_backward_uses_the_weight_of_its_forward(build, batch):
 
 
 def test_a_weighted_forward_in_one_thread_is_refused_while_another_runs_unweighted(build, batch):
-    from test_threads import Paused, forward_in
-
     model = build()
     mtp_hooks.attach(model)
     mtp_hooks.configure("eval=run,rollout=run:0.3")

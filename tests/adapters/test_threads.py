@@ -7,59 +7,11 @@ that agree on leaving them alone run together.
 
 from __future__ import annotations
 
-import threading
-
 import pytest
-import torch
 
 import mtp_hooks
 
-from model_fixtures import native
-
-TIMEOUT = 60
-
-
-class Paused:
-    """Runs ``model``'s forward in a thread and holds it inside the decoder until released."""
-
-    def __init__(self, model, batch, phase: str):
-        self.inside, self.release = threading.Event(), threading.Event()
-        self.seen: list[tuple[bool, bool]] = []
-        self.error: BaseException | None = None
-        shared = model.config
-
-        def hold(module, args, output):
-            if threading.current_thread() is self.thread:
-                self.seen.append((model.mtp_process, model.config is shared))
-                self.inside.set()
-                assert self.release.wait(TIMEOUT)
-                self.seen.append((model.mtp_process, model.config is shared))
-
-        self.hook = model.decoder.register_forward_hook(hold)
-
-        def run():
-            try:
-                model.eval()
-                with torch.no_grad(), mtp_hooks.phase(phase):
-                    model(*batch.args(), labels=batch.labels)
-            except BaseException as exc:  # reported to the test
-                self.error = exc
-
-        self.thread = threading.Thread(target=run)
-        self.thread.start()
-        assert self.inside.wait(TIMEOUT)
-
-    def finish(self) -> None:
-        self.release.set()
-        self.thread.join(TIMEOUT)
-        self.hook.remove()
-        if self.error is not None:
-            raise self.error
-
-
-def forward_in(model, batch, phase: str) -> None:
-    with torch.no_grad(), mtp_hooks.phase(phase):
-        model(*batch.args(), labels=batch.labels)
+from model_fixtures import Paused, forward_in, native
 
 
 @pytest.mark.parametrize("first,second", [("rollout", "eval"), ("eval", "rollout")])
