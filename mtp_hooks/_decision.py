@@ -53,16 +53,14 @@ class Decision:
     loss_scale_by: str | None = None
 
 
-def _conflict_message(role: str | None, phase: str, votes: dict[str, bool | None]) -> str:
-    listed = ", ".join(
-        f"{name}={'run' if v else 'skip'}" for name, v in sorted(votes.items()) if v is not None
-    )
+def _conflict(what: str, role: str | None, phase: str, listed: str, settle: str) -> str:
+    """The message of a :class:`PolicyConflictError`: who said what, and how to settle it."""
     key = f"{role}.{phase}" if role else phase
     return (
-        f"plugins disagree on MTP for phase {phase!r}"
+        f"plugins disagree on {what} for phase {phase!r}"
         + (f" and role {role!r}" if role else "")
         + f": {listed}. Settle it in the policy config, e.g. "
-        f"mtp_hooks.configure('{key}=run') or MTP_HOOKS_POLICY={key}=skip."
+        f"mtp_hooks.configure('{key}={settle[0]}') or MTP_HOOKS_POLICY={key}={settle[1]}."
     )
 
 
@@ -72,12 +70,9 @@ def _with_plugin_loss_scale(
     scales = dict(sorted(_registry().loss_scales(model, phase)))
     if len(set(scales.values())) > 1:
         listed = ", ".join(f"{name}={scale:g}" for name, scale in scales.items())
-        key = f"{role}.{phase}" if role else str(phase)
+        settle = ("run:0.1", "run:0.1")
         raise PolicyConflictError(
-            f"plugins disagree on the MTP loss weight for phase {str(phase)!r}"
-            + (f" and role {role!r}" if role else "")
-            + f": {listed}. Settle it in the policy config, e.g. "
-            f"mtp_hooks.configure('{key}=run:0.1') or MTP_HOOKS_POLICY={key}=run:0.1."
+            _conflict("the MTP loss weight", role, str(phase), listed, settle)
         )
     if not scales:
         return decision
@@ -89,7 +84,10 @@ def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
     votes = dict(sorted(_registry().votes(model, phase)))
     cast = {v for v in votes.values() if v is not None}
     if len(cast) > 1:
-        raise PolicyConflictError(_conflict_message(role, str(phase), votes))
+        listed = ", ".join(
+            f"{name}={'run' if v else 'skip'}" for name, v in votes.items() if v is not None
+        )
+        raise PolicyConflictError(_conflict("MTP", role, str(phase), listed, ("run", "skip")))
     if cast:
         voters = ",".join(name for name, v in votes.items() if v is not None)
         return Decision(cast.pop(), voters, votes, phase, role)

@@ -181,15 +181,13 @@ def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dic
 
 def load_policy_file(path: str | os.PathLike[str]) -> dict[Key, PolicyEntry]:
     """Read and validate the ``[policy]`` table of a TOML file."""
-    source = f"{ENV_CONFIG} file {os.fspath(path)!r}"
     try:
         with open(path, "rb") as fh:
-            document = tomllib.load(fh)
+            content = fh.read()
     except OSError as exc:
+        source = f"{ENV_CONFIG} file {os.fspath(path)!r}"
         raise PolicyError(f"{source}: cannot read it: {exc.strerror or exc}") from exc
-    except tomllib.TOMLDecodeError as exc:
-        raise PolicyError(f"{source}: invalid TOML: {exc}") from exc
-    return _policy_table(document, source)
+    return parse_file(os.fspath(path), content)
 
 
 def _policy_table(document: dict[str, Any], source: str) -> dict[Key, PolicyEntry]:
@@ -203,7 +201,17 @@ def _policy_table(document: dict[str, Any], source: str) -> dict[Key, PolicyEntr
     return parse_policy(policy, source)
 
 
+def read_bytes(path: str) -> bytes | None:
+    """The file's content, or ``None`` where it cannot be read (``parse_file`` says so)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
 def parse_file(path: str, content: bytes | None) -> dict[Key, PolicyEntry]:
+    """Validate the ``[policy]`` table of a TOML file's ``content`` (``None``: unreadable)."""
     source = f"{ENV_CONFIG} file {path!r}"
     if content is None:
         raise PolicyError(f"{source}: cannot read it")

@@ -23,7 +23,7 @@ from typing import Any
 
 from . import _env, _generation
 from ._errors import PolicyError
-from ._policy import ENV_CONFIG, Key, PolicyEntry, parse_file, parse_policy
+from ._policy import ENV_CONFIG, Key, PolicyEntry, parse_file, parse_policy, read_bytes
 
 ENV_POLICY = "MTP_HOOKS_POLICY"
 ENV_POLL = "MTP_HOOKS_CONFIG_POLL"
@@ -73,9 +73,7 @@ class _PolicyState:
         poll = _poll_seconds()
         content = None
         if path is not None:
-            content = _read_bytes(path) if shared is None else shared[1]
-            if content is None:
-                raise PolicyError(f"{ENV_CONFIG} file {path!r}: cannot read it")
+            content = read_bytes(path) if shared is None else shared[1]
         entries = parse_file(path, content) if path is not None else {}
         self.env_policy, self.path, self.poll = policy, path, poll
         self.file_bytes, self.file_entries, self.file_error = content, entries, None
@@ -90,12 +88,10 @@ class _PolicyState:
         if now < self.next_poll or self.path is None or _distributed_world():
             return
         self.next_poll = now + self.poll
-        content = _read_bytes(self.path)
+        content = read_bytes(self.path)
         if content == self.file_bytes and self.file_error is None:
             return
         try:
-            if content is None:
-                raise PolicyError(f"{ENV_CONFIG} file {self.path!r}: cannot read it")
             entries = parse_file(self.path, content)
         except PolicyError as exc:
             self.file_error = exc  # raised at every decision until the file is fixed
@@ -105,8 +101,7 @@ class _PolicyState:
         self.rebuild()
 
     def rebuild(self) -> None:
-        merged = {**self.file_entries, **self.env_policy, **self.api}
-        self.merged = merged
+        self.merged = {**self.file_entries, **self.env_policy, **self.api}
         _generation.advance()
 
     # -- answering -------------------------------------------------------------------------------
@@ -137,14 +132,6 @@ def _poll_seconds() -> float:
     if not value >= 0:  # also NaN
         raise PolicyError(f"{ENV_POLL}={raw!r}: expected a number of seconds >= 0, such as 1")
     return value
-
-
-def _read_bytes(path: str) -> bytes | None:
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError:
-        return None
 
 
 _state = _PolicyState()
@@ -184,7 +171,7 @@ def reload() -> None:
         box: list[Any] = [None]
         if dist.get_rank() == 0:
             path = os.environ.get(ENV_CONFIG)
-            box[0] = (os.environ.get(ENV_POLICY), _read_bytes(path) if path else None)
+            box[0] = (os.environ.get(ENV_POLICY), read_bytes(path) if path else None)
         dist.broadcast_object_list(box, src=0)
         shared = box[0]
     candidate = _PolicyState()
@@ -217,9 +204,8 @@ def generation() -> int:
     """The decision-cache counter, after checking the policy file for changes (on the hot path
     of every gated forward: two attribute reads when no file is configured)."""
     state = _state
-    if state.path is not None or not state.loaded:
-        if not state.loaded:
-            state.current()
-        else:
-            state.check_file()
+    if not state.loaded:
+        state.current()
+    elif state.path is not None:
+        state.check_file()
     return _generation.counter[0]

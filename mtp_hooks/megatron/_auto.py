@@ -83,9 +83,8 @@ def _first_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
 
 
 def _models_below(module: torch.nn.Module) -> list[torch.nn.Module]:
-    while not isinstance(module, _capabilities.language_model_classes()):
-        inner = getattr(module, "module", None)
-        if not isinstance(inner, torch.nn.Module):
-            return []
-        module = inner
-    return [module]
+    """The language model inside a ``.module`` chain, as attach finds it; none for others."""
+    try:
+        return _capabilities.unwrap(module)[0]
+    except UnsupportedModelError:
+        return []
