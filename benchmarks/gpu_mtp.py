@@ -2,15 +2,18 @@
 
 Run on one GPU: ``python benchmarks/gpu_mtp.py --model gpt|hybrid [--out DIR]``.
 
-Four cases, measured round-robin in one process so drift hits all of them alike:
+Five cases, measured round-robin in one process so drift hits all of them alike:
 
 (a) the MTP model, no hooks; (b) hooks attached, policy run; (c) hooks attached, policy skip;
-(d) the same architecture built without MTP.
+(d) the same architecture built without MTP; (e) hooks attached, policy run, and
+``eval=run+metrics``: the eval forward also records MTP loss and acceptance.
 
-Each case does a train step (forward + backward) and a forward-only log-prob pass
-(``no_grad``, no labels, phase ``rollout``); it reports the median, min and max time and the
-peak extra memory. Output: a JSON line, a markdown table with the ratios (c)/(d) and (b)/(a),
-and, where matplotlib is importable, a PNG bar chart (``--plot results.json`` draws it later).
+Each case does a train step (forward + backward), a forward-only log-prob pass (``no_grad``,
+no labels, phase ``rollout``) and an eval forward (``eval()``, ``no_grad``, labels); it reports
+the median, min and max time and the peak extra memory. The cost of (e)'s metrics is set
+against one output-layer projection with its cross-entropy and top-1, timed on its own.
+Output: a JSON line, a markdown table with the ratios, and, where matplotlib is importable, a
+PNG bar chart (``--plot results.json`` draws it later).
 """
 
 from __future__ import annotations
@@ -26,13 +29,15 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-CASES = ("a_mtp_no_hooks", "b_hooks_run", "c_hooks_skip", "d_built_without_mtp")
+CASES = ("a_mtp_no_hooks", "b_hooks_run", "c_hooks_skip", "d_built_without_mtp", "e_run_metrics")
 LABELS = {
     "a_mtp_no_hooks": "(a) MTP model, no hooks",
     "b_hooks_run": "(b) hooks, policy run",
     "c_hooks_skip": "(c) hooks, policy skip",
     "d_built_without_mtp": "(d) built without MTP",
+    "e_run_metrics": "(e) hooks, run, eval +metrics",
 }
+TIMINGS = ("train", "fwd", "eval")
 
 
 def build(kind: str, mtp: bool, args):
@@ -111,21 +116,28 @@ def run(args) -> dict:
         with torch.no_grad():
             model(ids, pos, None)
 
+    def eval_forward(model):
+        model.eval()
+        with torch.no_grad():
+            model(ids, pos, None, labels=labels)
+
     state = {"handle": None}
 
     def setup(case):
         if state["handle"] is not None:
             state["handle"].remove()
             state["handle"] = None
-        if case in ("b_hooks_run", "c_hooks_skip"):
+        if case in ("b_hooks_run", "c_hooks_skip", "e_run_metrics"):
             state["handle"] = mtp_hooks.attach(mtp_model)
-            policy = "run" if case == "b_hooks_run" else "skip"
-            mtp_hooks.configure(f"train={policy},rollout={policy}")
+            policy = "skip" if case == "c_hooks_skip" else "run"
+            metrics = "+metrics" if case == "e_run_metrics" else ""
+            mtp_hooks.configure(f"train={policy},rollout={policy},eval={policy}{metrics}")
         return plain_model if case == "d_built_without_mtp" else mtp_model
 
     results: dict[str, dict[str, list[float]]] = {
-        c: {"train_ms": [], "train_gib": [], "fwd_ms": [], "fwd_gib": []} for c in CASES
+        c: {f"{t}_{unit}": [] for t in TIMINGS for unit in ("ms", "gib")} for c in CASES
     }
+    recorded = []
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for it in range(args.warmup + args.iters):
@@ -136,28 +148,30 @@ def run(args) -> dict:
                 model.zero_grad(set_to_none=True)
                 with mtp_hooks.phase("rollout"):
                     f_ms, f_gib = timed(lambda m=model: logprob(m))
+                e_ms, e_gib = timed(lambda m=model: eval_forward(m))
+                if case == "e_run_metrics":
+                    recorded.append(state["handle"].metrics(reset=True)["eval"])
                 if it >= args.warmup:
                     r = results[case]
-                    r["train_ms"].append(t_ms)
-                    r["train_gib"].append(t_gib)
-                    r["fwd_ms"].append(f_ms)
-                    r["fwd_gib"].append(f_gib)
+                    for name, value in zip(r, (t_ms, t_gib, f_ms, f_gib, e_ms, e_gib), strict=True):
+                        r[name].append(value)
             print(
                 f"iteration {it + 1}/{args.warmup + args.iters} done", file=sys.stderr, flush=True
             )
     setup(None)
     summary = {}
     for case, r in results.items():
-        summary[case] = {
-            "train_ms_median": statistics.median(r["train_ms"]),
-            "train_ms_min": min(r["train_ms"]),
-            "train_ms_max": max(r["train_ms"]),
-            "train_peak_extra_gib": max(r["train_gib"]),
-            "fwd_ms_median": statistics.median(r["fwd_ms"]),
-            "fwd_ms_min": min(r["fwd_ms"]),
-            "fwd_ms_max": max(r["fwd_ms"]),
-            "fwd_peak_extra_gib": max(r["fwd_gib"]),
-        }
+        summary[case] = {}
+        for t in TIMINGS:
+            summary[case].update(
+                {
+                    f"{t}_ms_median": statistics.median(r[f"{t}_ms"]),
+                    f"{t}_ms_min": min(r[f"{t}_ms"]),
+                    f"{t}_ms_max": max(r[f"{t}_ms"]),
+                    f"{t}_peak_extra_gib": max(r[f"{t}_gib"]),
+                }
+            )
+    projection = projection_ms(mtp_model, labels, args)
     return {
         "benchmark": "gpu_mtp",
         "model": args.model,
@@ -169,7 +183,26 @@ def run(args) -> dict:
         "sizes": {k: getattr(args, k) for k in ("hidden", "layers", "ffn", "vocab", "seq")},
         **params,
         "cases": summary,
+        "projection_ms_median": projection,
+        "recorded_metrics": {"loss": recorded[-1].loss, "acceptance": recorded[-1].acceptance},
     }
+
+
+def projection_ms(model, labels, args) -> float:
+    """Median time of what a recorded forward adds per MTP depth, on its own: the output-layer
+    projection of one MTP chunk, its vocab-parallel cross-entropy and the top-1."""
+    import torch
+
+    hidden = torch.randn(args.seq, 1, args.hidden, device=args.device, dtype=torch.bfloat16)
+
+    def once():
+        logits, _ = model.output_layer(hidden)
+        model.compute_language_model_loss(labels, logits).sum()
+        logits.argmax(-1)
+
+    with torch.no_grad():
+        times = [timed(once)[0] for _ in range(args.warmup + args.iters)]
+    return statistics.median(times[args.warmup :])
 
 
 def table(result: dict) -> str:
@@ -180,33 +213,46 @@ def table(result: dict) -> str:
         f"({result['mtp_params'] / 1e9:.2f}B in MTP); "
         f"median of {result['iters']} after {result['warmup']} warm-ups, cases interleaved.",
         "",
-        "| case | train step median (min-max) | forward only median (min-max) "
-        "| peak extra mem, train | peak extra mem, forward |",
-        "|---|---|---|---|---|",
+        "| case | train step median (min-max) | log-prob forward median (min-max) "
+        "| eval forward median (min-max) | peak extra mem, train | peak extra mem, eval |",
+        "|---|---|---|---|---|---|",
     ]
     for case in CASES:
         c = cases[case]
+        cells = [
+            f"{c[f'{t}_ms_median']:.1f} ms ({c[f'{t}_ms_min']:.1f}-{c[f'{t}_ms_max']:.1f})"
+            for t in TIMINGS
+        ]
         lines.append(
-            f"| {LABELS[case]} | {c['train_ms_median']:.1f} ms "
-            f"({c['train_ms_min']:.1f}-{c['train_ms_max']:.1f}) "
-            f"| {c['fwd_ms_median']:.1f} ms ({c['fwd_ms_min']:.1f}-{c['fwd_ms_max']:.1f}) "
-            f"| {c['train_peak_extra_gib']:.2f} GiB | {c['fwd_peak_extra_gib']:.2f} GiB |"
+            f"| {LABELS[case]} | {' | '.join(cells)} "
+            f"| {c['train_peak_extra_gib']:.2f} GiB | {c['eval_peak_extra_gib']:.2f} GiB |"
         )
-    a, b, c_, d = (cases[k] for k in CASES)
+    a, b, c_, d, e = (cases[k] for k in CASES)
 
     def ratio(x, y, key):
         return f"{x[key] / y[key]:.4f}" if y[key] else "n/a"
 
+    extra = e["eval_ms_median"] - a["eval_ms_median"]
     lines += [
         "",
-        "| ratio | train time | forward time | train memory | goal |",
-        "|---|---|---|---|---|",
-        f"| (c)/(d) skip vs built without MTP | {ratio(c_, d, 'train_ms_median')} | "
-        f"{ratio(c_, d, 'fwd_ms_median')} | {ratio(c_, d, 'train_peak_extra_gib')} | within 1% |",
-        f"| (b)/(a) hooks run vs no hooks | {ratio(b, a, 'train_ms_median')} | "
-        f"{ratio(b, a, 'fwd_ms_median')} | {ratio(b, a, 'train_peak_extra_gib')} | within 0.5% |",
-        f"| (c)/(a) skip vs MTP run | {ratio(c_, a, 'train_ms_median')} | "
-        f"{ratio(c_, a, 'fwd_ms_median')} | {ratio(c_, a, 'train_peak_extra_gib')} | saving |",
+        "| ratio | train time | log-prob time | eval time | train memory | goal |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, x, y, goal in (
+        ("(c)/(d) skip vs built without MTP", c_, d, "within 1%"),
+        ("(b)/(a) hooks run vs no hooks", b, a, "within 0.5%"),
+        ("(c)/(a) skip vs MTP run", c_, a, "saving"),
+        ("(e)/(a) eval +metrics vs no hooks", e, a, "eval: one projection per depth"),
+    ):
+        times = " | ".join(ratio(x, y, f"{t}_ms_median") for t in TIMINGS)
+        lines.append(f"| {label} | {times} | {ratio(x, y, 'train_peak_extra_gib')} | {goal} |")
+    lines += [
+        "",
+        f"Metrics cost: (e) - (a) eval forward = {extra:.2f} ms; one output-layer projection with "
+        f"its cross-entropy and top-1, timed alone: {result['projection_ms_median']:.2f} ms "
+        f"(ratio {extra / result['projection_ms_median']:.2f}; MTP depth 1). Recorded: "
+        f"loss {result['recorded_metrics']['loss'][0]:.3f}, "
+        f"acceptance {result['recorded_metrics']['acceptance'][0]:.4f}.",
     ]
     return "\n".join(lines)
 
@@ -229,7 +275,7 @@ def plot(results: list[dict], path: str) -> None:
         ax.set_ylabel("median ms")
         ax.set_title(f"{result['model']}: {result['mtp_model_params'] / 1e9:.2f}B, {result['gpu']}")
         ax.legend()
-    fig.suptitle("(a) MTP, no hooks  (b) hooks run  (c) hooks skip  (d) built without MTP")
+    fig.suptitle("(a) MTP, no hooks (b) run (c) skip (d) built without MTP (e) run, eval +metrics")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

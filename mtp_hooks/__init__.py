@@ -21,6 +21,7 @@ from ._errors import (
     PolicyError,
     UnsupportedModelError,
 )
+from ._metrics import MTPMetrics
 from ._phases import Phase, current_phase, declare_phase, phase
 from ._roles import role_of, set_role
 from ._sources import configure, reload
@@ -35,6 +36,7 @@ __all__ = [
     "Decision",
     "DecisionMismatchError",
     "MTPHooksError",
+    "MTPMetrics",
     "Phase",
     "PluginError",
     "PluginLoadError",

@@ -41,6 +41,8 @@ class Decision:
         loss_scale: The MTP loss weight this forward uses when MTP runs, from the config
             (``run:0.3``) or from plugins' ``mtp_loss_scale``; ``None``: the model's own.
         loss_scale_by: Who gave ``loss_scale``: ``"config"`` or the plugins' names, else ``None``.
+        metrics: Whether this forward records MTP loss and acceptance (a ``+metrics`` policy
+            entry, and MTP runs).
     """
 
     run: bool
@@ -51,6 +53,7 @@ class Decision:
     source: str | None = None
     loss_scale: float | None = None
     loss_scale_by: str | None = None
+    metrics: bool = False
 
 
 def _conflict(what: str, role: str | None, phase: str, listed: str, settle: str) -> str:
@@ -143,14 +146,16 @@ def decide_normalized(
     if decision.run:
         if entry is not None and entry.loss_scale is not None:
             decision = replace(decision, loss_scale=entry.loss_scale, loss_scale_by="config")
-        elif _registry().has_loss_scales():
+        elif _registry().implements("mtp_loss_scale"):
             decision = _with_plugin_loss_scale(decision, model, phase, role)
             cacheable = False  # a weight may follow the training step
+        if entry is not None and entry.metrics:
+            decision = replace(decision, metrics=True)
     if cacheable:
         _memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:
         logger.info(
-            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s",
+            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s%s",
             phase,
             role,
             decision.votes,
@@ -160,6 +165,7 @@ def decide_normalized(
             f" loss_scale={decision.loss_scale:g} ({decision.loss_scale_by})"
             if decision.loss_scale is not None
             else "",
+            " metrics=on" if decision.metrics else "",
         )
     return decision, cacheable
 
@@ -193,4 +199,6 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
         )
         if decision.loss_scale is not None:
             lines.append(f"loss scale: {decision.loss_scale:g} (from {decision.loss_scale_by})")
+        if decision.metrics:
+            lines.append("metrics: recorded (MTP loss and top-1 acceptance per depth)")
     return "\n".join(lines)

@@ -1,7 +1,8 @@
 """The per-phase policy config: parsing and validating a policy, from a string, dict or file.
 
 The sources themselves, and when they are read, are in :mod:`mtp_hooks._sources`. Values are
-``run``, ``skip`` and ``auto`` (no opinion: the plugins decide).
+``run``, ``skip`` and ``auto`` (no opinion: the plugins decide); ``run:WEIGHT`` also sets the MTP
+loss weight, and ``+metrics`` (after ``run`` or ``auto``) records MTP quality metrics.
 """
 
 from __future__ import annotations
@@ -36,36 +37,64 @@ class PolicyEntry:
         source: Where it came from (``mtp_hooks.configure()``, a variable or a file).
         loss_scale: The MTP loss weight for a ``run`` entry (``run:0.3``), else ``None``: the
             model's own ``mtp_loss_scaling_factor`` (or a plugin's ``mtp_loss_scale``) applies.
+        metrics: Whether forwards that run MTP with labels record MTP loss and top-1 acceptance
+            per depth (``run+metrics``, ``auto+metrics``).
     """
 
     value: str
     source: str
     loss_scale: float | None = None
+    metrics: bool = False
 
 
-_ALLOWED = "'run', 'skip', 'auto' or 'run:WEIGHT' (e.g. 'run:0.3')"
+_ALLOWED = (
+    "'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the run/auto forms "
+    "optionally followed by '+metrics'"
+)
+_TABLE_KEYS = {"mtp", "loss_scale", "metrics"}
+_Value = tuple[str, float | None, bool]  # (value, loss_scale, metrics)
 
 
-def _value(raw: object, source: str, key: str) -> tuple[str, float | None]:
-    """``(value, loss_scale)`` of a policy value: a string, or a ``{mtp, loss_scale}`` table."""
+def _value(raw: object, source: str, key: str) -> _Value:
+    """``(value, loss_scale, metrics)`` of a policy value: a string, or a
+    ``{mtp, loss_scale, metrics}`` table."""
+    where = f"{source}: key {key!r}"
     if isinstance(raw, Mapping):
-        unknown = sorted(set(raw) - {"mtp", "loss_scale"})
-        if unknown or "mtp" not in raw:
+        unknown = sorted(set(raw) - _TABLE_KEYS)
+        if unknown or "mtp" not in raw or not isinstance(raw["mtp"], str) or "+" in raw["mtp"]:
             raise PolicyError(
-                f"{source}: key {key!r} has the table {dict(raw)!r}; a table takes 'mtp' "
-                "(required) and 'loss_scale', e.g. {mtp = \"run\", loss_scale = 0.3}"
+                f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
+                "'run', 'skip' or 'auto'), 'loss_scale' and 'metrics', e.g. "
+                '{mtp = "run", loss_scale = 0.3, metrics = true}'
             )
-        value, _ = _value(raw["mtp"], source, key)
+        value, _, _ = _value(raw["mtp"], source, key)
+        metrics = raw.get("metrics", False)
+        if not isinstance(metrics, bool):
+            raise PolicyError(f"{where}: 'metrics' is true or false, not {metrics!r}")
         scale = raw.get("loss_scale")
-        if scale is None:
-            return value, None
-        return value, check_loss_scale(scale, f"{source}: key {key!r}", value)
+        weight = None if scale is None else check_loss_scale(scale, where, value)
+        return value, weight, _check_metrics(metrics, where, value)
     text = raw.strip().lower() if isinstance(raw, str) else raw
-    if isinstance(text, str) and text.startswith("run:"):
-        return "run", check_loss_scale(text[4:].strip(), f"{source}: key {key!r}", "run")
+    if not isinstance(text, str):
+        raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
+    text, plus, flag = text.partition("+")
+    if plus and flag.strip() != "metrics":
+        raise PolicyError(f"{where} has value {raw!r}; the only '+' option is '+metrics'")
+    text = text.strip()
+    if text.startswith("run:"):
+        return "run", check_loss_scale(text[4:].strip(), where, "run"), bool(plus)
     if text not in VALUES:
-        raise PolicyError(f"{source}: key {key!r} has value {raw!r}; allowed values are {_ALLOWED}")
-    return text, None  # type: ignore[return-value]
+        raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
+    return text, None, _check_metrics(bool(plus), where, text)
+
+
+def _check_metrics(metrics: bool, where: str, value: str) -> bool:
+    if metrics and value == "skip":
+        raise PolicyError(
+            f"{where}: metrics need MTP to run; write 'run+metrics' (or 'auto+metrics' to let "
+            "the plugins decide), or drop '+metrics'"
+        )
+    return metrics
 
 
 def check_loss_scale(raw: object, where: str, value: str = "run") -> float:
@@ -110,12 +139,12 @@ def _add(
     entries: dict[Key, PolicyEntry],
     key: Key,
     raw_key: str,
-    value: tuple[str, float | None],
+    value: _Value,
     source: str,
 ) -> None:
     if key in entries:
         raise PolicyError(f"{source}: duplicate key {raw_key!r}; give each (role, phase) once")
-    entries[key] = PolicyEntry(value[0], source, value[1])
+    entries[key] = PolicyEntry(value[0], source, value[1], value[2])
 
 
 def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
@@ -149,10 +178,11 @@ def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dic
     """Validate a policy given as a compact string or a mapping, and return its entries.
 
     The compact string is ``PHASE=VALUE`` or ``ROLE.PHASE=VALUE`` items separated by commas, e.g.
-    ``"train=run:0.3,eval=skip,teacher.train=skip"``; ``run:WEIGHT`` also sets the MTP loss
-    weight. The mapping is shaped like the TOML ``[policy]`` table:
-    ``{"train": {"mtp": "run", "loss_scale": 0.3}, "roles": {"teacher": {"train": "skip"}}}``;
-    ``"teacher.train"`` keys and ``"run:0.3"`` strings are accepted too.
+    ``"train=run:0.3,eval=run+metrics,teacher.train=skip"``; ``run:WEIGHT`` also sets the MTP
+    loss weight and ``+metrics`` records MTP loss and acceptance. The mapping is shaped like the
+    TOML ``[policy]`` table: ``{"train": {"mtp": "run", "loss_scale": 0.3}, "roles":
+    {"teacher": {"train": "skip"}}}``; ``"teacher.train"`` keys and ``"run:0.3"`` strings are
+    accepted too.
 
     Raises:
         PolicyError: Naming the source, the key, the bad value and the allowed values.

@@ -48,7 +48,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
     entries = _policy.load_policy_file(args.file)
     for (role, phase), entry in sorted(entries.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
         weight = f":{entry.loss_scale:g}" if entry.loss_scale is not None else ""
-        print(f"{role + '.' if role else ''}{phase} = {entry.value}{weight}")
+        metrics = "+metrics" if entry.metrics else ""
+        print(f"{role + '.' if role else ''}{phase} = {entry.value}{weight}{metrics}")
     print(f"{args.file}: valid ({len(entries)} entries)")
     return 0
 
@@ -75,7 +76,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("file")
     p.set_defaults(func=_cmd_check_config)
     p = sub.add_parser("demo", help="run MTP policies on tiny real megatron-core models (CPU)")
-    p.add_argument("--policy", default="train=run,eval=skip,rollout=skip")
+    p.add_argument("--policy", default="train=run,eval=run+metrics,rollout=skip")
     p.add_argument("--models", default="gpt,hybrid", help="comma-separated: gpt,hybrid")
     p.set_defaults(func=_cmd_demo)
     return parser

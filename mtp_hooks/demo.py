@@ -2,8 +2,9 @@
 
 Builds a ``GPTModel`` and a ``HybridModel`` with one MTP layer each, attaches mtp-hooks, and runs
 a train step, an eval forward and a rollout (log-prob) forward under a policy. Every "ran" and
-"recorded" cell is observed (a forward hook on ``model.mtp``, megatron's MTP loss tracker), not
-inferred from the decision.
+"logged" cell is observed (a forward hook on ``model.mtp``, megatron's MTP loss tracker), not
+inferred from the decision; the metrics cell shows what ``+metrics`` recorded
+(``AttachHandle.metrics()``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Row:
     decided_by: str
     mtp_ran: str
     loss_recorded: str
+    metrics: str
     forward_ms: float
 
 
@@ -64,11 +66,11 @@ def _progress(message: str) -> None:
     print(f"[mtp-hooks demo] {message}", file=sys.stderr, flush=True)
 
 
-def _measure(model, phase: str, step: Callable[[], None]) -> Row:
+def _measure(model, handle, phase: str, step: Callable[[], None]) -> Row:
     from . import tiny_models
 
     counter = {"n": 0}
-    handle = model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
+    probe = model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
     decision = _decision.decide(model, phase)
     times, ran, recorded = [], [], []
     try:
@@ -89,10 +91,12 @@ def _measure(model, phase: str, step: Callable[[], None]) -> Row:
             decision.decided_by,
             failed,
             "-",
+            "-",
             float("nan"),
         )
     finally:
-        handle.remove()
+        probe.remove()
+    recorded_metrics = handle.metrics(reset=True).get(phase)
     return Row(
         model=type(model).__name__,
         phase=phase,
@@ -100,11 +104,14 @@ def _measure(model, phase: str, step: Callable[[], None]) -> Row:
         decided_by=decision.decided_by,
         mtp_ran="yes" if all(ran) else "no" if not any(ran) else "mixed",
         loss_recorded="yes" if all(recorded) else "no" if not any(recorded) else "mixed",
+        metrics="-"
+        if recorded_metrics is None
+        else f"loss {recorded_metrics.loss[0]:.2f}, accepted {recorded_metrics.acceptance[0]:.1%}",
         forward_ms=statistics.median(times),
     )
 
 
-def _rows_for(model, batch) -> list[Row]:
+def _rows_for(model, handle, batch) -> list[Row]:
     import torch
 
     ids, pos, labels = batch
@@ -131,7 +138,7 @@ def _rows_for(model, batch) -> list[Row]:
         ("eval", eval_forward),
         ("rollout", rollout_forward),
     ):
-        rows.append(_measure(model, phase, step))
+        rows.append(_measure(model, handle, phase, step))
     return rows
 
 
@@ -142,7 +149,8 @@ def _table(rows: list[Row]) -> str:
         "decision",
         "decided by",
         "MTP ran",
-        "MTP loss recorded",
+        "MTP loss logged by megatron",
+        "MTP metrics (+metrics)",
         "forward ms",
     )
     cells = [header] + [
@@ -153,6 +161,7 @@ def _table(rows: list[Row]) -> str:
             r.decided_by,
             r.mtp_ran,
             r.loss_recorded,
+            r.metrics,
             f"{r.forward_ms:.2f}",
         )
         for r in rows
@@ -163,7 +172,10 @@ def _table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def run_demo(policy: str = "train=run,eval=skip,rollout=skip", models: str = "gpt,hybrid") -> int:
+DEFAULT_POLICY = "train=run,eval=run+metrics,rollout=skip"
+
+
+def run_demo(policy: str = DEFAULT_POLICY, models: str = "gpt,hybrid") -> int:
     """Run the demo and print its table. Returns the process exit status."""
     _sources.configure(policy)  # validated before anything is built
     wanted = [m.strip() for m in models.split(",") if m.strip()]
@@ -201,13 +213,15 @@ def run_demo(policy: str = "train=run,eval=skip,rollout=skip", models: str = "gp
         handle = adapters.attach(model)
         _progress(f"running train / eval / rollout on {type(model).__name__} ...")
         with _quiet():
-            rows += _rows_for(model, batch)
+            rows += _rows_for(model, handle, batch)
         handle.remove()
     print(f"\nmtp-hooks demo: policy {policy!r}, megatron-core {version}, {PROJECT_NAME} on CPU\n")
     print(_table(rows))
     print(
-        "\nMTP ran: observed with a forward hook on model.mtp. MTP loss recorded: megatron's "
+        "\nMTP ran: observed with a forward hook on model.mtp. MTP loss logged by megatron: its "
         "MTPLossLoggingHelper tracker,\nwhich megatron fills only for training-mode forwards. "
-        f"forward ms: median of {REPEATS} calls (train includes no backward)."
+        "MTP metrics: what a '+metrics' policy entry recorded\n(depth 1's mean MTP loss and "
+        "top-1 acceptance; an untrained model accepts about 1 draft in vocab_size).\n"
+        f"forward ms: median of {REPEATS} calls (train includes its backward)."
     )
     return 0

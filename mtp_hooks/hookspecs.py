@@ -11,6 +11,8 @@ from typing import Any
 
 import pluggy
 
+from ._metrics import MTPMetrics
+
 __all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
 
 PROJECT_NAME = "mtp_hooks"
@@ -107,4 +109,41 @@ def mtp_loss_scale(model: Any, phase: Any) -> float | None:
                 @hookimpl
                 def mtp_loss_scale(self, model, phase):
                     return loss_scale_schedule({0: 0.3, 10_000: 0.1}, self.trainer.step)
+    """
+
+
+@hookspec
+def mtp_metrics(model: Any, phase: Any, metrics: MTPMetrics) -> None:
+    """Receive the MTP loss and top-1 acceptance of one forward that recorded them.
+
+    Called after each forward of an attached model whose policy entry for its (role, phase)
+    asks for metrics (``eval=run+metrics``), once that forward has returned. Use it to log the
+    values (TensorBoard, W&B); :meth:`mtp_hooks.AttachHandle.metrics` keeps the running means.
+    Reading the floats makes the host wait for the device once per recorded forward, so this
+    hook is only called when some plugin implements it. The values are this rank's: reduce
+    ``tokens``-weighted across data-parallel ranks where you need a global figure.
+
+    Args:
+        model: As for :func:`should_run_mtp`.
+        phase: As for :func:`should_run_mtp`.
+        metrics: This forward's :class:`mtp_hooks.MTPMetrics` (``forwards == 1``).
+
+    Example:
+        .. code-block:: python
+
+            from mtp_hooks import hookimpl
+
+            class LogMTP:
+                def __init__(self, writer, trainer):
+                    self.writer, self.trainer = writer, trainer
+
+                @hookimpl
+                def mtp_metrics(self, model, phase, metrics):
+                    for depth, (loss, acc) in enumerate(
+                        zip(metrics.loss, metrics.acceptance), start=1
+                    ):
+                        self.writer.add_scalar(f"{phase}/mtp_{depth}_loss", loss, self.trainer.step)
+                        self.writer.add_scalar(
+                            f"{phase}/mtp_{depth}_acceptance", acc, self.trainer.step
+                        )
     """

@@ -177,7 +177,7 @@ class PluginRegistry:
         """
         out: list[tuple[str, bool | None]] = []
         for impl in self.pm.hook.should_run_mtp.get_hookimpls():
-            vote = _call(impl, "should_run_mtp", model, phase)
+            vote = _call(impl, "should_run_mtp", model=model, phase=phase)
             if vote is not None and not isinstance(vote, bool):
                 raise PolicyError(
                     f"plugin {impl.plugin_name!r}: should_run_mtp returned {vote!r}; "
@@ -191,15 +191,20 @@ class PluginRegistry:
         plugin that gave one (validated: finite and ``>= 0``)."""
         out: list[tuple[str, float]] = []
         for impl in self.pm.hook.mtp_loss_scale.get_hookimpls():
-            scale = _call(impl, "mtp_loss_scale", model, phase)
+            scale = _call(impl, "mtp_loss_scale", model=model, phase=phase)
             if scale is not None:
                 where = f"plugin {impl.plugin_name!r}: mtp_loss_scale returned {scale!r}"
                 out.append((impl.plugin_name, check_loss_scale(scale, where)))
         return out
 
-    def has_loss_scales(self) -> bool:
-        """Whether any registered plugin implements ``mtp_loss_scale``."""
-        return bool(self.pm.hook.mtp_loss_scale.get_hookimpls())
+    def implements(self, hook: str) -> bool:
+        """Whether any registered plugin implements ``hook``."""
+        return bool(getattr(self.pm.hook, hook).get_hookimpls())
+
+    def report_metrics(self, model: Any, phase: Any, metrics: Any) -> None:
+        """Call ``mtp_metrics`` on every plugin that implements it."""
+        for impl in self.pm.hook.mtp_metrics.get_hookimpls():
+            _call(impl, "mtp_metrics", model=model, phase=phase, metrics=metrics)
 
     def plugin_phases(self) -> frozenset[str]:
         """Custom phase names declared by plugins through ``declare_phases`` (cached)."""
@@ -224,11 +229,10 @@ class PluginRegistry:
         return sorted(infos, key=lambda i: i.name)
 
 
-def _call(impl: Any, hook: str, model: Any, phase: Any) -> Any:
+def _call(impl: Any, hook: str, **arguments: Any) -> Any:
     """Call one plugin's ``hook``; an exception becomes :class:`PluginError` naming the plugin."""
-    kwargs = {"model": model, "phase": phase}
     try:
-        return impl.function(*[kwargs[a] for a in impl.argnames])
+        return impl.function(*[arguments[a] for a in impl.argnames])
     except Exception as exc:
         raise PluginError(
             f"mtp_hooks plugin {impl.plugin_name!r}: {hook} raised {type(exc).__name__}: {exc}. "

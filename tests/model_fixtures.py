@@ -10,6 +10,7 @@ stand-ins live here, in the test harness, and nowhere in the library.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 from collections.abc import Callable
@@ -38,6 +39,7 @@ __all__ = [
     "Wrapper",
     "Paused",
     "forward_in",
+    "deepcopy_model",
     "VOCAB",
 ]
 
@@ -219,3 +221,23 @@ class Paused:
 def forward_in(model, batch, phase: str) -> None:
     with torch.no_grad(), mtp_hooks.phase(phase):
         model(*batch.args(), labels=batch.labels)
+
+
+def deepcopy_model(model: torch.nn.Module) -> torch.nn.Module:
+    """``copy.deepcopy`` with megatron's process groups shared: they cannot be copied."""
+    groups: dict[int, object] = {}
+
+    def collect(value: object, depth: int = 0) -> None:
+        if isinstance(value, torch.distributed.ProcessGroup):
+            groups[id(value)] = value
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                collect(item, depth + 1)
+        elif depth < 2 and type(value).__name__ == "ProcessGroupCollection":
+            for item in vars(value).values():
+                collect(item, depth + 1)
+
+    for module in model.modules():
+        for value in vars(module).values():
+            collect(value)
+    return copy.deepcopy(model, groups)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from .. import _env, _roles
 from .._errors import UnsupportedModelError
+from .._metrics import MTPMetrics
 
 if TYPE_CHECKING:
     import torch
@@ -68,6 +69,21 @@ class AttachHandle:
                     seen = out.setdefault(phase, {})
                     seen[what] = n if what == "loss_scale" else seen.get(what, 0) + n
         return out
+
+    def metrics(self, reset: bool = False) -> dict[str, MTPMetrics]:
+        """MTP loss and top-1 acceptance per depth, as running means by phase, over the forwards
+        that recorded them (a ``+metrics`` policy entry, e.g. ``eval=run+metrics``).
+
+        Args:
+            reset: Clear the running means after reading them (e.g. at each log interval).
+
+        Example: ``{"eval": MTPMetrics(loss=(2.31,), acceptance=(0.42,), tokens=(4096,),
+        forwards=8)}``. Reading waits for the device once; recording never does.
+        """
+        from . import _recorder
+
+        recorders = [gate.recorder for gate in self.gates if gate.recorder is not None]
+        return _recorder.running_means(recorders, reset)
 
     def remove(self) -> None:
         """Remove every hook and restore each model's role from before :func:`attach`.

@@ -126,7 +126,7 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     new.ddp = DDPState(memo[id(model)], [])
     new.base = copy.deepcopy(gate.base, memo)
     new.frames = [(0, None, new.base, False)] if gate.frames else []
-    new.counts, new.cache, new.loss_scales, new.last_run = {}, {}, {}, None
+    new.counts, new.cache, new.loss_scales, new.last_run, new.recorder = {}, {}, {}, None, None
     new.lock, new.removed = threading.Lock(), False
     memo[id(gate)] = new
     new.handles = copy.deepcopy(gate.handles, memo)

@@ -8,11 +8,9 @@ of the config, never the shared object). The forward hook, registered first and 
 
 Every call pushes one record (:mod:`._calls`) naming the interpreter frame that runs it, which
 lets the gate repair interrupted calls, tell threads apart and defer removal until running
-calls return.
-
-The gates are written with ``object.__setattr__``: both are plain instance attributes (never
-parameters, buffers or submodules), for which ``nn.Module.__setattr__`` ends in exactly that
-call after its isinstance checks.
+calls return. A ``+metrics`` decision also asks :mod:`._recorder` to measure the call's MTP.
+The gates are plain instance attributes (never parameters, buffers or submodules), written with
+``object.__setattr__``, where ``nn.Module.__setattr__`` ends after its isinstance checks.
 """
 
 from __future__ import annotations
@@ -27,11 +25,11 @@ from typing import Any
 import torch
 
 from .. import _decision, _phases, _roles, _sources
-from . import _calls, _capabilities, _distributed, _refusals
+from . import _calls, _capabilities, _distributed, _recorder, _refusals
 
 _RUN, _SKIP, _UNTOUCHED = range(3)  # slots of a phase's counters
-# A cached decision: (generation, run, the phase's counters, loss weight or None)
-_Entry = tuple[int, bool, list[int], float | None]
+# A cached decision: (generation, run, the phase's counters, loss weight or None, metrics)
+_Entry = tuple[int, bool, list[int], float | None, bool]
 _get_ident = threading.get_ident
 _getframe = sys._getframe
 _OWNER, _RESTORE, _SKIPPED = _calls.OWNER, _calls.RESTORE, _calls.SKIPPED
@@ -63,6 +61,7 @@ class MTPGate:
         self.cache: dict[Any, _Entry] = {}  # phase -> _decide's entry
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
         self.last_run: bool | None = None
+        self.recorder: _recorder.Recorder | None = None  # made by the first +metrics decision
         self.lock = threading.Lock()
         self.removed = False
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
@@ -123,6 +122,8 @@ class MTPGate:
         """
         if owner is None:
             owner = _getframe(1)
+        if self.recorder is not None and self.recorder.pending:
+            self.recorder.cancel()  # a request an interrupted call of this thread left
         frames = self.frames
         if frames:  # a running call (nesting, another thread) or an interrupted one
             with self.lock:
@@ -138,7 +139,7 @@ class MTPGate:
             if index < len(args) and args[index] is not None:
                 inference = True
         if inference:
-            self._count("inference", _UNTOUCHED)
+            self._counters("inference")[_UNTOUCHED] += 1
             run: bool | None = None
         elif _is_compiling():
             _refusals.refuse_compiling()
@@ -152,6 +153,9 @@ class MTPGate:
                 if cached is None or cached[0] != _sources.generation() or self.checks:
                     cached = self._decide(module, phase)
                 run = cached[1]
+                if cached[4]:  # +metrics: ask model.mtp's output to be measured
+                    self.recorder = self.recorder or _recorder.Recorder(module)
+                    self.recorder.request(module, phase, args, kwargs)
             else:
                 run = None  # MTP already off (by someone else): nothing to decide
         # -- apply --
@@ -199,6 +203,8 @@ class MTPGate:
                 for handle in self.handles:
                     handle.remove()
                 self.handles = []
+        if self.recorder is not None:
+            self.recorder.end(module, completed=output is not None)
         if frame is not None and frame[_SKIPPED] and output is not None:
             return self.ddp.after_skipped_forward(output)
         return None
@@ -215,10 +221,8 @@ class MTPGate:
         if self.cuda_graphs:
             _refusals.check_cuda_graph_decision(self.last_run, decision.run, self.base[1])
             self.last_run = decision.run
-        counters = self.counts.get(phase)
-        if counters is None:
-            counters = self.counts[phase] = [0, 0, 0]
-        entry = (generation, decision.run, counters, decision.loss_scale)
+        counters = self._counters(phase)
+        entry = (generation, decision.run, counters, decision.loss_scale, decision.metrics)
         if cacheable:
             self.cache[phase] = entry
         return entry
@@ -270,11 +274,11 @@ class MTPGate:
         return None
 
     # -- helpers -------------------------------------------------------------------------------
-    def _count(self, phase: Any, slot: int) -> None:
+    def _counters(self, phase: Any) -> list[int]:
         counters = self.counts.get(phase)
         if counters is None:
             counters = self.counts[phase] = [0, 0, 0]
-        counters[slot] += 1
+        return counters
 
     def stats(self) -> dict[str, dict[str, float]]:
         """Counts of runs, skips and untouched (inference) calls by phase, and the loss weight
@@ -287,7 +291,6 @@ class MTPGate:
             out.setdefault(str(phase), {})["loss_scale"] = scale
         return out
 
-    # -- copies --------------------------------------------------------------------------------
     def __deepcopy__(self, memo: dict[int, Any]) -> MTPGate:
         """A gate of its own for a deep copy of the model (:func:`._calls.copy_gate`)."""
         return _calls.copy_gate(self, memo)

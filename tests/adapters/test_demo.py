@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -23,28 +24,29 @@ def rows(stdout: str) -> dict[tuple[str, str], list[str]]:
     table = {}
     for line in stdout.splitlines():
         cells = [c.strip() for c in line.split("|")]
-        if len(cells) == 7 and cells[1] in ("train", "eval", "rollout"):
-            table[(cells[0], cells[1])] = cells[2:6]
+        if len(cells) == 8 and cells[1] in ("train", "eval", "rollout"):
+            table[(cells[0], cells[1])] = cells[2:7]
     return table
 
 
-def test_the_default_policy_runs_mtp_in_train_only_and_says_so_from_observation():
+def test_the_default_policy_skips_rollout_measures_eval_and_says_so_from_observation():
     out = demo("--models", "gpt")
     assert out.returncode == 0, out.stderr
     assert "building a tiny gpt model" in out.stderr  # the progress line
-    assert rows(out.stdout) == {
-        ("GPTModel", "train"): ["run", "config", "yes", "yes"],
-        ("GPTModel", "eval"): ["skip", "config", "no", "no"],
-        ("GPTModel", "rollout"): ["skip", "config", "no", "no"],
-    }
+    table = rows(out.stdout)
+    assert table[("GPTModel", "train")] == ["run", "config", "yes", "yes", "-"]
+    assert table[("GPTModel", "rollout")] == ["skip", "config", "no", "no", "-"]
+    eval_row = table[("GPTModel", "eval")]
+    assert eval_row[:4] == ["run", "config", "yes", "no"]  # megatron logs nothing in eval
+    assert re.fullmatch(r"loss \d+\.\d\d, accepted \d+\.\d%", eval_row[4])
 
 
 def test_the_policy_option_changes_what_runs():
     out = demo("--models", "gpt", "--policy", "train=skip,eval=run,rollout=skip")
     assert out.returncode == 0, out.stderr
     table = rows(out.stdout)
-    assert table[("GPTModel", "train")] == ["skip", "config", "no", "no"]
-    assert table[("GPTModel", "eval")][:3] == ["run", "config", "yes"]
+    assert table[("GPTModel", "train")] == ["skip", "config", "no", "no", "-"]
+    assert table[("GPTModel", "eval")] == ["run", "config", "yes", "no", "-"]
 
 
 def test_a_bad_policy_is_one_error_line_before_anything_is_built():
@@ -52,5 +54,6 @@ def test_a_bad_policy_is_one_error_line_before_anything_is_built():
     assert out.returncode == 2 and "building" not in out.stderr
     assert out.stderr.strip() == (
         "mtp-hooks: error: mtp_hooks.configure(): key 'train' has value 'sometimes'; "
-        "allowed values are 'run', 'skip', 'auto' or 'run:WEIGHT' (e.g. 'run:0.3')"
+        "allowed values are 'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the "
+        "run/auto forms optionally followed by '+metrics'"
     )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import gc
 import weakref
 
@@ -11,27 +10,7 @@ import torch
 
 import mtp_hooks
 
-from model_fixtures import Wrapper
-
-
-def deepcopy_model(model: torch.nn.Module) -> torch.nn.Module:
-    """``copy.deepcopy`` with megatron's process groups shared: they cannot be copied."""
-    groups: dict[int, object] = {}
-
-    def collect(value: object, depth: int = 0) -> None:
-        if isinstance(value, torch.distributed.ProcessGroup):
-            groups[id(value)] = value
-        elif isinstance(value, (list, tuple)):
-            for item in value:
-                collect(item, depth + 1)
-        elif depth < 2 and type(value).__name__ == "ProcessGroupCollection":
-            for item in vars(value).values():
-                collect(item, depth + 1)
-
-    for module in model.modules():
-        for value in vars(module).values():
-            collect(value)
-    return copy.deepcopy(model, groups)
+from model_fixtures import Wrapper, deepcopy_model
 
 
 @pytest.mark.parametrize("wrap", ["bare", "wrapper", "torch-ddp"])

@@ -55,7 +55,7 @@ def test_a_role_can_have_its_own_weight():
         ("train=run:lots", "not a finite number"),
         ("train=skip:0.3", "allowed values are"),
         ({"train": {"mtp": "skip", "loss_scale": 0.3}}, "goes with 'run' only, not with 'skip'"),
-        ({"train": {"loss_scale": 0.3}}, "a table takes 'mtp' \\(required\\)"),
+        ({"train": {"loss_scale": 0.3}}, "a table takes 'mtp' \\(required"),
         ({"train": {"mtp": "run", "weight": 0.3}}, "a table takes 'mtp'"),
         ({"train": {"mtp": "run", "loss_scale": True}}, "not a finite number"),
     ],

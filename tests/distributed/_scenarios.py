@@ -120,3 +120,82 @@ def policy_file_edits(rank: int) -> dict:
     mtp_hooks.reload()
     seen.append(mtp_hooks.decide(None, "eval").run)
     return {"seen": seen}
+
+
+class KeepMetrics:
+    def __init__(self) -> None:
+        self.seen: list[mtp_hooks.MTPMetrics] = []
+
+    @mtp_hooks.hookimpl
+    def mtp_metrics(self, model, phase, metrics):
+        self.seen.append(metrics)
+
+
+def metrics_under_tp(rank: int) -> dict:
+    """TP=2, vocab-parallel logits, two MTP depths: the recorded loss and acceptance against a
+    reference computed from the whole output weight, and against megatron's own training log."""
+    import torch.nn.functional as F
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    depths = 2
+    spec = tiny_models.TinySpec(
+        seq_length=SEQ,
+        vocab_size=VOCAB,
+        mtp_num_layers=depths,
+        extra={"tensor_model_parallel_size": 2},
+    )
+    torch.manual_seed(0)
+    model = tiny_models.build_gpt(spec, attention="local")
+    model.eval()
+    ids, pos, mask = _batch()
+    hidden: list[torch.Tensor] = []
+    probe = model.mtp.register_forward_hook(lambda m, a, out: hidden.append(out.detach()))
+    with torch.no_grad():
+        model(ids, pos, mask, labels=ids)  # not recorded: only the MTP hidden states are kept
+    probe.remove()
+    shards = [torch.empty_like(model.output_layer.weight) for _ in range(2)]
+    torch.distributed.all_gather(shards, model.output_layer.weight.detach().contiguous())
+    weight = torch.cat(shards)  # [VOCAB, hidden]: the whole output layer
+    chunks = torch.chunk(hidden[0], 1 + depths, dim=0)
+    # Depth 1 at position i predicts labels[i + 1]; make it right at every even position, so
+    # acceptance is neither 0 nor 1 and both vocab shards hold winning tokens.
+    depth1 = (chunks[1] @ weight.t()).argmax(-1).t()  # [b, s]
+    labels = ids.clone()
+    labels[:, 1::2] = depth1[:, 0 : SEQ - 1 : 2]
+    reference = []
+    rolled, valid = labels, torch.ones_like(labels, dtype=torch.float)
+    for depth in range(depths):
+        logits = (chunks[depth + 1] @ weight.t()).transpose(0, 1)  # [b, s, VOCAB]
+        rolled = torch.cat([rolled[:, 1:], torch.zeros_like(rolled[:, :1])], dim=1)
+        valid = torch.cat([valid[:, 1:], torch.zeros_like(valid[:, :1])], dim=1)
+        loss = F.cross_entropy(logits.reshape(-1, VOCAB), rolled.reshape(-1), reduction="none")
+        hits = (logits.argmax(-1) == rolled) & valid.bool()
+        reference.append(
+            [float((loss * valid.reshape(-1)).sum() / valid.sum()), float(hits.sum() / valid.sum())]
+        )
+    winners_on_rank1 = int((depth1 >= VOCAB // 2).sum())
+    keep = KeepMetrics()
+    mtp_hooks.register(keep)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    with torch.no_grad():
+        model(ids, pos, mask, labels=labels)
+    tiny_models.reset_mtp_loss_tracker(num_layers=depths)
+    model.train()
+    with torch.no_grad(), mtp_hooks.phase("eval"):
+        model(ids, pos, mask, labels=labels)  # megatron logs this one too, in training mode
+    tracker = MTPLossLoggingHelper.tracker
+    in_eval, in_training = keep.seen
+    # megatron-core 0.16 keeps losses under "values", later releases under "loss_values"
+    newer = hasattr(MTPLossLoggingHelper, "save_metrics_to_tracker")
+    losses_key = "loss_values" if newer else "values"
+    megatron_acceptance = None
+    if "correct_values" in tracker and tracker["total_values"].any():
+        megatron_acceptance = (tracker["correct_values"] / tracker["total_values"]).tolist()
+    return {
+        "reference": reference,
+        "winners_on_rank1": winners_on_rank1,
+        "eval": [list(in_eval.loss), list(in_eval.acceptance)],
+        "training": [list(in_training.loss), list(in_training.acceptance)],
+        "megatron": [tracker[losses_key].tolist(), megatron_acceptance],
+    }

@@ -57,3 +57,31 @@ def test_a_rank_dependent_plugin_raises_decision_mismatch_on_every_rank(tmp_path
 def test_mtp_hooks_verify_env_var_turns_verification_on(tmp_path):
     results = run_ranks(_scenarios.verify_from_env, world=2, tp=2, tmp=tmp_path)
     assert all(r["ok"] and r["raised"] for r in results), results
+
+
+@pytest.fixture(scope="module")
+def tp_metrics(tmp_path_factory):
+    return run_ranks(
+        _scenarios.metrics_under_tp, world=2, tp=2, tmp=tmp_path_factory.mktemp("metrics")
+    )
+
+
+def test_tp2_metrics_equal_a_whole_vocabulary_reference_on_every_rank(tp_metrics):
+    for result in tp_metrics:
+        assert result["ok"], result.get("traceback")
+        assert 0 < result["winners_on_rank1"] < 2 * 16  # top-1 tokens come from both shards
+        losses, acceptance = result["eval"]
+        for depth, (loss, accepted) in enumerate(result["reference"]):
+            assert losses[depth] == pytest.approx(loss, rel=1e-5)
+            assert acceptance[depth] == accepted  # top-1 hits are counted exactly
+        assert acceptance[0] > 0.45  # the labels were made to agree at half the positions
+    assert tp_metrics[0]["eval"] == tp_metrics[1]["eval"]
+
+
+def test_tp2_metrics_equal_megatrons_own_training_log(tp_metrics):
+    for result in tp_metrics:
+        megatron_loss, megatron_acceptance = result["megatron"]
+        losses, acceptance = result["training"]
+        assert losses == megatron_loss
+        if megatron_acceptance is not None:  # megatron-core 0.17+ logs acceptance
+            assert acceptance == megatron_acceptance

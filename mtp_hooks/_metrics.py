@@ -1,0 +1,34 @@
+"""The MTP quality metrics a recorded forward reports: loss and top-1 acceptance per MTP depth."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class MTPMetrics:
+    """MTP loss and top-1 acceptance per MTP depth, over forwards of one phase on this rank.
+
+    Index ``0`` of each tuple is depth 1 (the MTP layer that predicts the token after the next
+    one), as in Megatron's ``mtp_1 loss``.
+
+    Attributes:
+        loss: The MTP cross-entropy, averaged over the loss-masked positions the depth predicts
+            (for one forward: exactly the value Megatron's ``MTPLossLoggingHelper`` records for
+            it in training mode).
+        acceptance: The fraction of those positions where the depth's top-1 token is the token
+            it predicts: the draft acceptance rate of greedy speculative decoding.
+        tokens: The number of those positions, to weight a reduction across ranks.
+        forwards: The number of forwards recorded.
+
+    Example:
+        >>> from mtp_hooks import MTPMetrics
+        >>> m = MTPMetrics(loss=(2.5, 3.0), acceptance=(0.6, 0.4), tokens=(1000, 990), forwards=2)
+        >>> round(m.acceptance[0] * m.tokens[0])  # correct top-1 drafts at depth 1
+        600
+    """
+
+    loss: tuple[float, ...]
+    acceptance: tuple[float, ...]
+    tokens: tuple[int, ...]
+    forwards: int

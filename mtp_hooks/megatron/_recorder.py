@@ -1,0 +1,228 @@
+"""MTP quality metrics outside training, recorded through a one-shot forward hook on ``model.mtp``.
+
+A forward whose decision asks for metrics (``eval=run+metrics``) leaves a request for its
+thread; the hook on ``model.mtp`` takes it when the MTP block returns its hidden states (the
+main chunk followed by one chunk per depth), and computes, for each depth, what Megatron's
+``process_mtp_loss`` computes for its training-mode log: the output layer's logits, the
+vocab-parallel cross-entropy of the model's own ``compute_language_model_loss`` over the rolled
+labels and loss mask, and the top-1 hits. That is one extra output-layer projection per depth.
+Totals stay on the device (no host sync) until :meth:`Recorder.metrics` reads them. Forwards
+that record nothing pay nothing: no hook is registered then.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from megatron.core.transformer import multi_token_prediction as _mtp
+
+from .._metrics import MTPMetrics
+from ..plugins import _registry
+
+_LOSS, _CORRECT, _TOKENS = range(3)  # rows of a [3, depths] values tensor
+
+
+def _derives_labels() -> bool:
+    """Whether this Megatron computes the MTP loss from ``input_ids`` when labels are None."""
+    process = getattr(_mtp, "process_mtp_loss", None)
+    return process is not None and "input_ids" in inspect.signature(process).parameters
+
+
+@dataclass
+class _Request:
+    phase: Any
+    labels: torch.Tensor | None
+    loss_mask: torch.Tensor | None
+    input_ids: torch.Tensor | None
+    packed_seq_params: Any
+    runtime_gather_output: bool | None
+
+
+class Recorder:
+    """The metrics of one gated model: pending requests by thread, and totals by phase."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = weakref.ref(model)
+        self.signature = inspect.signature(type(model).forward)
+        self.derive = _derives_labels()
+        self.lock = threading.Lock()
+        self.pending: dict[int, _Request] = {}
+        self.done: dict[int, tuple[Any, torch.Tensor]] = {}  # thread -> (phase, forward values)
+        self.totals: dict[Any, tuple[torch.Tensor, int]] = {}  # phase -> (float64 sums, forwards)
+        self.handle: torch.utils.hooks.RemovableHandle | None = None
+
+    def request(self, model: torch.nn.Module, phase: Any, args: tuple, kwargs: dict) -> None:
+        """Ask for this thread's forward of ``model`` (starting now) to be recorded."""
+        if not getattr(model, "post_process", True) or getattr(model, "mtp", None) is None:
+            return  # no labels or output layer on this pipeline stage
+        bound = self.signature.bind(model, *args, **kwargs).arguments
+        labels, input_ids = bound.get("labels"), bound.get("input_ids")
+        if labels is None and not (self.derive and input_ids is not None):
+            return  # Megatron computes no MTP loss for this forward
+        request = _Request(
+            phase,
+            labels,
+            bound.get("loss_mask"),
+            input_ids,
+            bound.get("packed_seq_params"),
+            bound.get("runtime_gather_output"),
+        )
+        with self.lock:
+            self.pending[threading.get_ident()] = request
+            if self.handle is None:
+                self.handle = model.mtp.register_forward_hook(self._on_mtp)
+
+    def cancel(self) -> None:
+        """Drop this thread's request (left by a call interrupted before it ended)."""
+        with self.lock:
+            self.pending.pop(threading.get_ident(), None)
+            self._drop_hook_if_idle()
+
+    def _on_mtp(self, block: torch.nn.Module, args: tuple, hidden: torch.Tensor) -> None:
+        thread = threading.get_ident()
+        with self.lock:
+            request = self.pending.pop(thread, None)
+            self._drop_hook_if_idle()
+        if request is None:
+            return
+        model = self._model()
+        if model is None:
+            return
+        values = depth_values(model, request, hidden)
+        with self.lock:
+            sums, forwards = self.totals.get(request.phase, (None, 0))
+            sums = values.double() if sums is None else sums + values.double()
+            self.totals[request.phase] = (sums, forwards + 1)
+            self.done[thread] = (request.phase, values)
+
+    def end(self, model: torch.nn.Module, completed: bool) -> None:
+        """End this thread's forward: drop its unanswered request, and hand what a completed
+        forward recorded to the plugins' ``mtp_metrics`` (converting only if one listens)."""
+        self.cancel()
+        with self.lock:
+            done = self.done.pop(threading.get_ident(), None)
+        registry = _registry()
+        if done is not None and completed and registry.implements("mtp_metrics"):
+            registry.report_metrics(model, done[0], to_metrics(done[1], 1))
+
+    def _drop_hook_if_idle(self) -> None:
+        if not self.pending and self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def take(self, reset: bool) -> dict[Any, tuple[torch.Tensor, int]]:
+        """The totals by phase, ``(float64 [3, depths] sums, forwards)``; ``reset`` clears them."""
+        with self.lock:
+            totals = dict(self.totals)
+            if reset:
+                self.totals.clear()
+        return totals
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Recorder:
+        """A copied model records nothing of the original's (its gate starts without one)."""
+        new = object.__new__(Recorder)
+        new.__dict__.update(self.__dict__)
+        new.lock, new.pending, new.done, new.totals, new.handle = threading.Lock(), {}, {}, {}, None
+        return new
+
+
+def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
+    """Means of ``[3, depths]`` sums (loss, hits, positions) over ``forwards`` (a host sync).
+
+    Divided in ``values``' dtype, so one forward's float32 loss is bit for bit the value
+    Megatron logs for it (``sum / num_tokens.clamp(min=1)``).
+    """
+    positions = values[_TOKENS].clamp(min=1)
+    loss, acceptance = (values[_LOSS] / positions).tolist(), (values[_CORRECT] / positions).tolist()
+    tokens = [int(n) for n in values[_TOKENS].tolist()]
+    return MTPMetrics(tuple(loss), tuple(acceptance), tuple(tokens), forwards)
+
+
+def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.Tensor:
+    """``[3, depths]`` float32: the masked loss sum, top-1 hits and positions of each depth,
+    computed the way ``process_mtp_loss`` computes them (same calls, same order)."""
+    depths = model.config.mtp_num_layers
+    cp_group, psp = model.cp_group, request.packed_seq_params
+
+    def roll(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return _mtp.roll_tensor(
+            tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
+        )
+
+    with torch.no_grad():
+        chunks = torch.chunk(hidden, 1 + depths, dim=0)
+        labels, mask = request.labels, request.loss_mask
+        if labels is None:  # Megatron derives them: label[i] = input_ids[i + 1]
+            labels, _ = roll(request.input_ids)
+            mask, _ = roll(torch.ones_like(labels) if mask is None else mask)
+        elif mask is None:
+            mask = torch.ones_like(labels)
+        weight = model.shared_embedding_or_output_weight() if _tied(model) else None
+        scale: Callable[[torch.Tensor], torch.Tensor] | None = (
+            model._scale_logits if getattr(model.config, "use_mup", False) else None
+        )
+        rows = []
+        for depth in range(depths):
+            logits, _ = model.output_layer(
+                chunks[depth + 1],
+                weight=weight,
+                runtime_gather_output=request.runtime_gather_output,
+            )
+            if scale is not None:
+                logits = scale(logits)
+            labels, _ = roll(labels)
+            mask, tokens = roll(mask)
+            loss = torch.sum(mask * model.compute_language_model_loss(labels, logits))
+            hits = (
+                _top1(model, logits, request.runtime_gather_output) == labels.t()
+            ) & mask.t().bool()
+            rows.append(torch.stack([loss.float(), hits.sum().float(), tokens.float()]))
+        return torch.stack(rows, dim=1)
+
+
+def _tied(model: Any) -> bool:
+    return bool(getattr(model, "share_embeddings_and_output_weights", False))
+
+
+def _top1(model: Any, logits: torch.Tensor, gather: bool | None) -> torch.Tensor:
+    """``[s, b]`` global top-1 token ids; exact when the vocab is split across TP ranks.
+
+    Each rank contributes its shard's maximum and its index; the first rank holding the global
+    maximum wins, which is the tie rule of ``argmax`` over the whole vocabulary (and of
+    Megatron's own acceptance count).
+    """
+    sharded = (
+        (not gather)
+        if gather is not None
+        else not getattr(model.output_layer, "gather_output", False)
+    )
+    group = getattr(model, "tp_group", None)
+    size = torch.distributed.get_world_size(group) if sharded and group is not None else 1
+    if size == 1:
+        return logits.argmax(dim=-1)
+    values, index = logits.max(dim=-1)
+    all_values = [torch.empty_like(values) for _ in range(size)]
+    all_index = [torch.empty_like(index) for _ in range(size)]
+    torch.distributed.all_gather(all_values, values, group=group)
+    torch.distributed.all_gather(all_index, index, group=group)
+    winner = torch.stack(all_values).argmax(dim=0)
+    local = torch.stack(all_index).gather(0, winner.unsqueeze(0)).squeeze(0)
+    return winner * logits.size(-1) + local
+
+
+def running_means(recorders: list[Recorder], reset: bool) -> dict[str, MTPMetrics]:
+    """The running means by phase over ``recorders`` (their sums added: token-weighted)."""
+    combined: dict[str, tuple[torch.Tensor, int]] = {}
+    for recorder in recorders:
+        for phase, (sums, forwards) in recorder.take(reset).items():
+            seen = combined.get(str(phase))
+            if seen is not None and seen[0].shape == sums.shape:
+                sums, forwards = seen[0] + sums, seen[1] + forwards
+            combined[str(phase)] = (sums, forwards)
+    return {phase: to_metrics(sums, n) for phase, (sums, n) in sorted(combined.items())}

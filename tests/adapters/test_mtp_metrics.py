@@ -1,0 +1,295 @@
+"""MTP loss and top-1 acceptance per depth outside training (``eval=run+metrics``), on real models.
+
+The reference is megatron's own ``MTPLossLoggingHelper``, which records the same figures for
+forwards in training mode: a training-mode forward in the ``eval`` phase must record exactly
+what megatron records for it.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import mtp_hooks
+from mtp_hooks import MTPMetrics, PluginError, tiny_models
+
+from model_fixtures import SEQ, VOCAB, Paused, deepcopy_model
+
+DEPTHS = 2
+
+
+@pytest.fixture
+def deep(build):
+    """``deep(seed)``: a model of the current kind with two MTP depths."""
+    return lambda seed=0: build(
+        seed, spec=tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB, mtp_num_layers=DEPTHS)
+    )
+
+
+@pytest.fixture
+def loss_mask(batch) -> torch.Tensor:
+    mask = torch.ones_like(batch.labels, dtype=torch.float)
+    mask[0, :5] = 0
+    mask[1, 9:] = 0
+    return mask
+
+
+class Listener:
+    """A plugin that keeps every ``mtp_metrics`` call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, object, MTPMetrics]] = []
+
+    @mtp_hooks.hookimpl
+    def mtp_metrics(self, model, phase, metrics):
+        self.calls.append((model, phase, metrics))
+
+
+def megatron_log() -> tuple[list[float], list[float] | None]:
+    """What megatron's tracker holds: per-depth losses, and acceptance where it records one."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
+
+    tracker = MTPLossLoggingHelper.tracker
+    # megatron-core 0.16 keeps losses under "values", later releases under "loss_values"
+    newer = hasattr(MTPLossLoggingHelper, "save_metrics_to_tracker")
+    losses = tracker["loss_values"] if newer else tracker["values"]
+    if "correct_values" not in tracker or not tracker["total_values"].any():
+        return losses.tolist(), None  # megatron-core 0.16 records no acceptance
+    return losses.tolist(), (tracker["correct_values"] / tracker["total_values"]).tolist()
+
+
+def test_a_training_mode_forward_records_exactly_what_megatron_logs(deep, batch, loss_mask):
+    tiny_models.reset_mtp_loss_tracker(num_layers=DEPTHS)
+    model = deep()
+    listener = Listener()
+    mtp_hooks.register(listener)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    model.train()  # megatron logs MTP only in training mode
+    with mtp_hooks.phase("eval"):
+        model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)
+    losses, acceptance = megatron_log()
+    [(seen_model, phase, metrics)] = listener.calls
+    assert seen_model is model and phase == "eval" and metrics.forwards == 1
+    assert list(metrics.loss) == losses  # bit for bit
+    assert all(loss > 0 for loss in losses)
+    if acceptance is not None:
+        assert list(metrics.acceptance) == acceptance
+    # each depth rolls labels and mask one position left: row 1 loses its first unmasked one
+    assert metrics.tokens == (11 + 8, 11 + 7)
+    assert handle.metrics()["eval"].loss == pytest.approx(metrics.loss, rel=1e-6)
+
+
+def test_an_eval_forward_records_what_a_training_forward_would(deep, batch, loss_mask):
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics,train=run+metrics")
+    with torch.no_grad():
+        model.eval()
+        model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)  # phase eval
+        with mtp_hooks.phase("train"):
+            model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)
+    metrics = handle.metrics()
+    assert metrics["eval"] == metrics["train"]
+    assert tiny_models.recorded_mtp_loss() == 0  # megatron itself logged nothing in eval mode
+
+
+def set_head_to_predict(model, token: int) -> None:
+    """Make every MTP depth predict ``token`` at every position: each depth's final norm
+    outputs the same vector, whose output-layer logits peak at ``token``."""
+    weight = model.output_layer.weight if model.output_layer.weight is not None else None
+    if weight is None:
+        weight = model.shared_embedding_or_output_weight()
+    with torch.no_grad():
+        for layer in model.mtp.layers:
+            layer.final_layernorm.weight.zero_()
+            layer.final_layernorm.bias.copy_(weight[token] * 10)
+    assert torch.all(weight @ (weight[token] * 10) <= (weight @ (weight[token] * 10))[token])
+
+
+@pytest.mark.parametrize("token, expected", [(7, 1.0), (8, 0.0)])
+def test_acceptance_is_one_for_a_head_that_predicts_every_label(
+    deep, batch, loss_mask, token, expected
+):
+    model = deep()
+    set_head_to_predict(model, token)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    labels = torch.full_like(batch.labels, 7)
+    with torch.no_grad():
+        model.eval()
+        model(*batch.args(), labels=labels, loss_mask=loss_mask)
+    assert handle.metrics()["eval"].acceptance == (expected,) * DEPTHS
+
+
+def test_running_means_weigh_positions_and_reset_clears_them(deep, batch, loss_mask):
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    listener = Listener()
+    mtp_hooks.register(listener)
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)
+        model(*batch.args(), labels=batch.labels.flip(-1))  # no mask: more positions
+    first, second = (m for _, _, m in listener.calls)
+    running = handle.metrics(reset=True)["eval"]
+    assert running.forwards == 2 and second.tokens == (30, 28)
+    for depth in range(DEPTHS):
+        n1, n2 = first.tokens[depth], second.tokens[depth]
+        assert running.tokens[depth] == n1 + n2
+        mean = (first.loss[depth] * n1 + second.loss[depth] * n2) / (n1 + n2)
+        assert running.loss[depth] == pytest.approx(mean, rel=1e-6)
+    assert handle.metrics() == {}
+
+
+def test_without_metrics_in_the_policy_nothing_is_recorded_or_hooked(deep, batch):
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run")
+    hooks_before = dict(model.mtp._forward_hooks)
+    listener = Listener()
+    mtp_hooks.register(listener)
+    seen: list[dict] = []
+    probe = model.decoder.register_forward_hook(
+        lambda *a: seen.append(dict(model.mtp._forward_hooks))
+    )
+    with torch.no_grad():
+        model.eval()
+        model(*batch.args(), labels=batch.labels)
+    probe.remove()
+    assert seen == [hooks_before] and handle.metrics() == {} and listener.calls == []
+
+
+def test_a_forward_without_labels_measures_against_the_next_input_ids(deep, batch):
+    from mtp_hooks.megatron import _recorder
+
+    if not _recorder._derives_labels():
+        pytest.skip("megatron-core before 0.17 runs no MTP forward without labels")
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    with torch.no_grad():
+        model.eval()
+        model(*batch.args())
+        unlabelled = handle.metrics(reset=True)["eval"]
+        # what megatron derives: label[i] = input_ids[i + 1], nothing after the window
+        labels = torch.cat([batch.input_ids[:, 1:], torch.zeros_like(batch.input_ids[:, :1])], 1)
+        window = torch.ones_like(labels, dtype=torch.float)
+        window[:, -1] = 0
+        model(*batch.args(), labels=labels, loss_mask=window)
+    assert unlabelled.tokens == (28, 26)
+    assert unlabelled == handle.metrics()["eval"]
+
+
+def test_metrics_follow_the_role(deep, batch):
+    student, teacher = deep(1), deep(2)
+    student_handle = mtp_hooks.attach(student, role="student")
+    teacher_handle = mtp_hooks.attach(teacher, role="teacher")
+    mtp_hooks.configure("eval=run,teacher.eval=run+metrics")
+    with torch.no_grad():
+        for model in (student, teacher):
+            model.eval()
+            model(*batch.args(), labels=batch.labels)
+    assert student_handle.metrics() == {} and teacher_handle.metrics()["eval"].forwards == 1
+
+
+def test_a_raising_metrics_plugin_is_named_and_the_model_is_restored(deep, batch):
+    class Broken:
+        @mtp_hooks.hookimpl
+        def mtp_metrics(self, model, phase, metrics):
+            raise RuntimeError("writer closed")
+
+    model = deep()
+    shared = model.config
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run:0.3+metrics")
+    mtp_hooks.register(Broken(), name="broken-logger")
+    model.eval()
+    with torch.no_grad(), pytest.raises(PluginError, match="broken-logger.*mtp_metrics"):
+        model(*batch.args(), labels=batch.labels)
+    assert model.config is shared and model.mtp._forward_hooks == {}
+
+
+def test_a_forward_that_raises_leaves_no_hook_and_records_nothing(deep, batch):
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+
+    def fail(*args):
+        raise RuntimeError("decoder failed")
+
+    failing = model.decoder.register_forward_hook(fail)
+    with torch.no_grad(), pytest.raises(RuntimeError, match="decoder failed"):
+        model.eval()
+        model(*batch.args(), labels=batch.labels)
+    failing.remove()
+    assert model.mtp._forward_hooks == {} and handle.metrics() == {}
+
+
+def test_a_skipped_forward_records_nothing(deep, batch):
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=auto+metrics")
+
+    class SkipEval:
+        @mtp_hooks.hookimpl
+        def should_run_mtp(self, model, phase):
+            return phase != "eval"
+
+    mtp_hooks.register(SkipEval())
+    with torch.no_grad():
+        model.eval()
+        model(*batch.args(), labels=batch.labels)
+    assert handle.metrics() == {} and handle.stats() == {"eval": {"skip": 1}}
+
+
+def test_after_ctrl_c_the_next_forward_does_not_record_with_stale_labels(deep, batch):
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics,train=run")
+    model.eval()
+    interrupt = model.decoder.register_forward_hook(
+        lambda *a: (_ for _ in ()).throw(KeyboardInterrupt())
+    )
+    with torch.no_grad(), pytest.raises(KeyboardInterrupt):
+        model(*batch.args(), labels=batch.labels)  # the recorded forward never ends
+    interrupt.remove()
+    with torch.no_grad(), mtp_hooks.phase("train"):
+        model(*batch.args(), labels=batch.labels)  # runs MTP, records nothing
+    assert handle.metrics() == {} and model.mtp._forward_hooks == {}
+
+
+def test_two_threads_record_the_same_model_at_once(deep, batch):
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    paused = Paused(model, batch, "eval")  # holds a recorded forward inside the decoder
+    with torch.no_grad():
+        model.eval()
+        model(*batch.args(), labels=batch.labels)
+    paused.finish()
+    alone = handle.metrics(reset=True)["eval"]
+    assert alone.forwards == 2 and model.mtp._forward_hooks == {}
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)
+    single = handle.metrics()["eval"]
+    assert alone.loss == pytest.approx(single.loss, rel=1e-6) and alone.tokens == tuple(
+        2 * n for n in single.tokens
+    )
+
+
+def test_a_deep_copy_starts_with_no_metrics_and_records_its_own(deep, batch):
+    model = deep()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)
+    clone = deepcopy_model(model)
+    clone_handle = mtp_hooks.attach(clone)
+    assert clone_handle.metrics() == {}
+    with torch.no_grad():
+        clone(*batch.args(), labels=batch.labels)
+    assert clone_handle.metrics() == handle.metrics()
+    assert handle.metrics()["eval"].forwards == 1
