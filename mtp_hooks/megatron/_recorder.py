@@ -34,6 +34,16 @@ def _derives_labels() -> bool:
     return process is not None and "input_ids" in inspect.signature(process).parameters
 
 
+def _forward_signature(cls: type) -> inspect.Signature:
+    """The signature of the nearest ``forward`` in ``cls``'s MRO that names ``labels``: a
+    subclass's ``forward(*args, flag=..., **kwargs)`` passes its arguments to megatron's."""
+    for klass in cls.__mro__:
+        forward = klass.__dict__.get("forward")
+        if forward is not None and "labels" in inspect.signature(forward).parameters:
+            return inspect.signature(forward)
+    return inspect.signature(cls.forward)
+
+
 @dataclass
 class _Request:
     phase: Any
@@ -49,7 +59,7 @@ class Recorder:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = weakref.ref(model)
-        self.signature = inspect.signature(type(model).forward)
+        self.signature = _forward_signature(type(model))
         self.derive = _derives_labels()
         self.lock = threading.Lock()
         self.pending: dict[int, _Request] = {}
@@ -61,7 +71,8 @@ class Recorder:
         """Ask for this thread's forward of ``model`` (starting now) to be recorded."""
         if not getattr(model, "post_process", True) or getattr(model, "mtp", None) is None:
             return  # no labels or output layer on this pipeline stage
-        bound = self.signature.bind(model, *args, **kwargs).arguments
+        named = {k: v for k, v in kwargs.items() if k in self.signature.parameters}
+        bound = self.signature.bind_partial(model, *args, **named).arguments
         labels, input_ids = bound.get("labels"), bound.get("input_ids")
         if labels is None and not (self.derive and input_ids is not None):
             return  # Megatron computes no MTP loss for this forward

@@ -13,7 +13,7 @@ import torch
 import mtp_hooks
 from mtp_hooks import MTPMetrics, PluginError, tiny_models
 
-from model_fixtures import SEQ, VOCAB, Paused, deepcopy_model
+from model_fixtures import SEQ, VOCAB, Paused, deepcopy_model, native
 
 DEPTHS = 2
 
@@ -293,3 +293,16 @@ def test_a_deep_copy_starts_with_no_metrics_and_records_its_own(deep, batch):
         clone(*batch.args(), labels=batch.labels)
     assert clone_handle.metrics() == handle.metrics()
     assert handle.metrics()["eval"].forwards == 1
+
+
+def test_a_model_with_the_native_flag_records_the_same(build, kind, batch, loss_mask):
+    spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB, mtp_num_layers=DEPTHS)
+    plain, flagged = build(3, spec=spec), build(3, spec=spec, model_cls=native(kind))
+    handles = [mtp_hooks.attach(plain), mtp_hooks.attach(flagged)]
+    mtp_hooks.configure("eval=run+metrics")
+    with torch.no_grad():
+        for model in (plain, flagged):
+            model.eval()
+            model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)
+    assert flagged.received[-1][0] is True  # the flag said "run"
+    assert handles[0].metrics() == handles[1].metrics() != {}
