@@ -68,7 +68,7 @@ def hook_cases():
     """The modules to call, by case name, and the policy each case needs."""
     import torch
 
-    from mtp_hooks import tiny_models
+    from mtp_hooks.demo import tiny_models
 
     class Trivial(torch.nn.Module):
         def forward(self, *args, **kwargs):

@@ -23,7 +23,7 @@ os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 import test_megatron_ddp as t  # noqa: E402
 
 import mtp_hooks  # noqa: E402
-from mtp_hooks import tiny_models  # noqa: E402
+from mtp_hooks.demo import tiny_models  # noqa: E402
 
 tiny_models.init_single_process()
 for attach_inner in (False, True):

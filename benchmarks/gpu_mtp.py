@@ -43,7 +43,7 @@ TIMINGS = ("train", "fwd", "eval")
 def build(kind: str, mtp: bool, args):
     import torch
 
-    from mtp_hooks import tiny_models
+    from mtp_hooks.demo import tiny_models
 
     spec = tiny_models.TinySpec(
         hidden_size=args.hidden,
@@ -90,7 +90,7 @@ def run(args) -> dict:
     import torch
 
     import mtp_hooks
-    from mtp_hooks import tiny_models
+    from mtp_hooks.demo import tiny_models
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -25,12 +25,15 @@ from ._metrics import MTPMetrics
 from ._phases import Phase, current_phase, declare_phase, phase
 from ._roles import role_of, set_role
 from ._sources import configure, reload
-from .hookspecs import hookimpl, hookspec
-from .plugins import get_plugin_manager, list_plugins, register, unregister
+from .hookspecs import hookimpl, hookspec  # noqa: F401  (kept importable, not advertised)
+from .plugins import get_plugin_manager, list_plugins, register, unregister  # noqa: F401
 
 if TYPE_CHECKING:
     from .megatron import AttachHandle, attach, auto_attach, detach, freeze_mtp
 
+# What the package advertises (``from mtp_hooks import *``, the docs). ``reset`` (for tests),
+# ``hookspec`` and ``get_plugin_manager`` (for plugin authors: mtp_hooks.hookspecs and
+# mtp_hooks.plugins) stay importable from here, as in 0.1, without being advertised.
 __all__ = [
     "AttachHandle",
     "Decision",
@@ -52,14 +55,11 @@ __all__ = [
     "detach",
     "explain",
     "freeze_mtp",
-    "get_plugin_manager",
     "hookimpl",
-    "hookspec",
     "list_plugins",
     "phase",
     "register",
     "reload",
-    "reset",
     "role_of",
     "set_role",
     "unregister",

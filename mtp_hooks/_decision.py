@@ -1,10 +1,10 @@
 """The combination rule: config first, then plugin votes, then the model's own default.
 
 1. If the policy config names the model's (role, phase) with ``run`` or ``skip``, that is final
-   (``decided_by="config"``). A role-scoped entry beats a plain phase entry; ``auto`` defers to 2.
-2. Otherwise every plugin votes; ``None`` abstains. Agreeing votes decide
-   (``decided_by`` lists the voters); disagreeing votes raise :class:`PolicyConflictError`.
-3. With no votes, MTP runs (``decided_by="default"``), which is what Megatron does on its own.
+   (``kind="config"``). A role-scoped entry beats a plain phase entry; ``auto`` defers to 2.
+2. Otherwise every plugin votes; ``None`` abstains. Agreeing votes decide (``kind="plugins"``,
+   ``voters`` names them); disagreeing votes raise :class:`PolicyConflictError`.
+3. With no votes, MTP runs (``kind="default"``), which is what Megatron does on its own.
 
 The outcome never depends on pluggy's call order.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 from . import _phases, _roles, _sources
 from ._errors import PolicyConflictError
@@ -30,8 +30,8 @@ class Decision:
 
     Attributes:
         run: Whether MTP runs.
-        decided_by: ``"config"``, ``"default"``, or the comma-separated names of the plugins whose
-            (agreeing) votes decided.
+        kind: What decided: ``"config"``, ``"plugins"`` or ``"default"``.
+        voters: The plugins whose (agreeing) votes decided, for ``kind="plugins"``; else empty.
         votes: Each consulted plugin's vote (``True``, ``False`` or ``None``), by plugin name.
             Empty when the config decided, since plugins are not consulted then.
         phase: The phase decided for.
@@ -46,7 +46,8 @@ class Decision:
     """
 
     run: bool
-    decided_by: str
+    kind: Literal["config", "plugins", "default"]
+    voters: tuple[str, ...] = ()
     votes: dict[str, bool | None] = field(default_factory=dict)
     phase: _phases.Phase | str | None = None
     role: str | None = None
@@ -54,6 +55,12 @@ class Decision:
     loss_scale: float | None = None
     loss_scale_by: str | None = None
     metrics: bool = False
+
+    @property
+    def decided_by(self) -> str:
+        """``kind``, or for plugins their names joined by commas: the form 0.1 gave, for
+        display (a plugin may be named ``default``; compare ``kind`` and ``voters`` instead)."""
+        return ",".join(self.voters) if self.kind == "plugins" else self.kind
 
 
 def _conflict(what: str, role: str | None, phase: str, listed: str, settle: str) -> str:
@@ -92,9 +99,9 @@ def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
         )
         raise PolicyConflictError(_conflict("MTP", role, str(phase), listed, ("run", "skip")))
     if cast:
-        voters = ",".join(name for name, v in votes.items() if v is not None)
-        return Decision(cast.pop(), voters, votes, phase, role)
-    return Decision(True, "default", votes, phase, role)
+        voters = tuple(name for name, v in votes.items() if v is not None)
+        return Decision(cast.pop(), "plugins", voters, votes, phase, role)
+    return Decision(True, "default", (), votes, phase, role)
 
 
 def decide(model: Any, phase: _phases.Phase | str) -> Decision:
@@ -138,7 +145,7 @@ def decide_normalized(
         return decision, True
     entry = _sources.lookup(role, str(phase))
     if entry is not None and entry.value != "auto":
-        decision = Decision(entry.value == "run", "config", {}, phase, role, entry.source)
+        decision = Decision(entry.value == "run", "config", (), {}, phase, role, entry.source)
         cacheable = not tracing  # a traced decision is logged at every call
     else:
         decision = _plugin_decision(model, phase, role)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["flag"]
-
 _ON = frozenset({"1", "true", "yes", "on"})
 
 

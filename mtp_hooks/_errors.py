@@ -8,16 +8,6 @@ Megatron setting) and the fix.
 
 from __future__ import annotations
 
-__all__ = [
-    "MTPHooksError",
-    "PolicyError",
-    "PolicyConflictError",
-    "PluginLoadError",
-    "PluginError",
-    "UnsupportedModelError",
-    "DecisionMismatchError",
-]
-
 
 class MTPHooksError(Exception):
     """Base class of every error raised by mtp-hooks."""

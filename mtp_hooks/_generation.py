@@ -6,8 +6,6 @@ advance it when they change, so a gate may reuse a decision as long as the count
 
 from __future__ import annotations
 
-__all__ = ["advance", "current"]
-
 counter = [0]  # read directly on the hot path; change it only through advance()
 
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import mtp_hooks
-from mtp_hooks import MTPMetrics, PluginError, tiny_models
+from mtp_hooks import MTPMetrics, PluginError
+from mtp_hooks.demo import tiny_models
 
 from model_fixtures import SEQ, VOCAB, Paused, deepcopy_model, native
 

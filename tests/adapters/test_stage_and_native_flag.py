@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import mtp_hooks
-from mtp_hooks import tiny_models
+from mtp_hooks.demo import tiny_models
 
 from model_fixtures import native
 

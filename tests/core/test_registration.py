@@ -126,6 +126,34 @@ def test_importing_mtp_hooks_has_no_side_effects():
     assert out.stdout.strip() == "clean"
 
 
+API_0_1 = {  # every name 0.1 exported: users import them, so each stays importable
+    "AttachHandle", "Decision", "DecisionMismatchError", "MTPHooksError", "Phase",
+    "PluginLoadError", "PolicyConflictError", "PolicyError", "UnsupportedModelError", "attach",
+    "configure", "current_phase", "decide", "declare_phase", "detach", "explain", "freeze_mtp",
+    "get_plugin_manager", "hookimpl", "hookspec", "list_plugins", "phase", "register", "reset",
+    "role_of", "set_role", "unregister",
+}  # fmt: skip
+
+
+def test_the_advertised_surface_leaves_test_and_plugin_author_tools_to_their_modules():
+    from mtp_hooks import hookspecs, plugins
+
+    assert {"reset", "hookspec", "get_plugin_manager"}.isdisjoint(mtp_hooks.__all__)
+    assert mtp_hooks.hookspec is hookspecs.hookspec
+    assert mtp_hooks.get_plugin_manager is plugins.get_plugin_manager
+
+
+def test_every_0_1_name_is_still_importable_from_the_package():
+    from mtp_hooks import megatron
+
+    for name in API_0_1:
+        source = megatron if name in {"AttachHandle", "attach", "detach", "freeze_mtp"} else None
+        if source is None:
+            assert getattr(mtp_hooks, name) is not None
+        else:
+            assert name in dir(source) and name in mtp_hooks._MEGATRON_NAMES
+
+
 def test_every_public_name_is_exported():
     for name in mtp_hooks.__all__:
         if name in {"AttachHandle", "attach", "detach", "freeze_mtp"}:

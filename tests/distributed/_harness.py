@@ -18,7 +18,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from mtp_hooks import tiny_models
+from mtp_hooks.demo import tiny_models
 
 from cpu_stand_ins import install_cpu_memory_buffer, point_cuda_current_device_at_cpu
 

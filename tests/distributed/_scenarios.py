@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 import mtp_hooks
-from mtp_hooks import tiny_models
+from mtp_hooks.demo import tiny_models
 
 SEQ, VOCAB = 16, 128
 

@@ -25,7 +25,7 @@ os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
 import torch  # noqa: E402
 
 import mtp_hooks  # noqa: E402
-from mtp_hooks import tiny_models  # noqa: E402
+from mtp_hooks.demo import tiny_models  # noqa: E402
 
 
 class RankDependent:

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("megatron.core")
 
 import mtp_hooks  # noqa: E402
-from mtp_hooks import tiny_models  # noqa: E402
+from mtp_hooks.demo import tiny_models  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,

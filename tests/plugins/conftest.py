@@ -13,7 +13,7 @@ import mtp_hooks
 import mtp_hooks_modelopt
 import mtp_hooks_nemo
 import mtp_hooks_verl
-from mtp_hooks import tiny_models
+from mtp_hooks.demo import tiny_models
 
 from model_fixtures import *  # noqa: F401,F403
 

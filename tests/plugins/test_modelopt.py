@@ -7,7 +7,7 @@ import torch
 
 import mtp_hooks
 import mtp_hooks_modelopt
-from mtp_hooks import tiny_models
+from mtp_hooks.demo import tiny_models
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import torch
 
 import mtp_hooks
 import mtp_hooks_verl
-from mtp_hooks import tiny_models
+from mtp_hooks.demo import tiny_models
 
 pytest.importorskip("verl")
 mtp_patch = pytest.importorskip("verl.models.mcore.mtp_patch")
@@ -31,7 +31,7 @@ WORKER = """
 import json, sys, torch
 sys.path.insert(0, {tests!r})
 import verl  # loads the verl.plugins entry points, as every veRL worker process does
-from mtp_hooks import tiny_models
+from mtp_hooks.demo import tiny_models
 from cpu_stand_ins import install_cpu_memory_buffer
 tiny_models.init_single_process(port={port})
 install_cpu_memory_buffer()

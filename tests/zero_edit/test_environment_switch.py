@@ -26,7 +26,7 @@ def python(code_or_script: str | Path, **env: str) -> subprocess.CompletedProces
 
 
 def loop(**env: str) -> dict:
-    from mtp_hooks import tiny_models
+    from mtp_hooks.demo import tiny_models
 
     out = python(LOOP, MASTER_PORT=str(tiny_models.free_port()), **env)
     assert out.returncode == 0, out.stderr[-3000:]

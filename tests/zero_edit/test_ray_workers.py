@@ -32,7 +32,7 @@ def mtp_forwards_in_a_worker(tests: str) -> dict[str, int]:
     import torch
 
     sys.path.insert(0, tests)
-    from mtp_hooks import tiny_models  # to build the model only
+    from mtp_hooks.demo import tiny_models  # to build the model only
 
     from cpu_stand_ins import install_cpu_memory_buffer
 

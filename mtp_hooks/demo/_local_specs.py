@@ -12,8 +12,6 @@ import math
 
 import torch
 
-__all__ = ["sdpa_core_attention", "hybrid_stack_spec"]
-
 
 @functools.lru_cache(maxsize=1)
 def sdpa_core_attention() -> type:

@@ -1,5 +1,9 @@
 """``mtp-hooks demo``: policies applied to tiny real megatron-core models on a CPU.
 
+This subpackage also holds the scaffolding the demo, the tests and the benchmarks share, kept
+out of the core: :mod:`mtp_hooks.demo.tiny_models` builds tiny real ``GPTModel`` and
+``HybridModel`` instances on one gloo rank.
+
 Builds a ``GPTModel`` and a ``HybridModel`` with one MTP layer each, attaches mtp-hooks, and runs
 a train step, an eval forward and a rollout (log-prob) forward under a policy. Every "ran" and
 "logged" cell is observed (a forward hook on ``model.mtp``, megatron's MTP loss tracker), not
@@ -19,8 +23,8 @@ import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from . import _decision, _phases, _sources
-from .hookspecs import PROJECT_NAME
+from .. import _decision, _phases, _sources
+from ..hookspecs import PROJECT_NAME
 
 __all__ = ["run_demo"]
 
@@ -181,7 +185,7 @@ def run_demo(policy: str = DEFAULT_POLICY, models: str = "gpt,hybrid") -> int:
     wanted = [m.strip() for m in models.split(",") if m.strip()]
     unknown = set(wanted) - {"gpt", "hybrid"}
     if unknown:
-        from ._errors import PolicyError
+        from .._errors import PolicyError
 
         raise PolicyError(f"--models: unknown model {sorted(unknown)}; choose from gpt, hybrid")
     _progress("importing torch and megatron-core ...")
@@ -189,7 +193,7 @@ def run_demo(policy: str = DEFAULT_POLICY, models: str = "gpt,hybrid") -> int:
         import megatron.core.models.gpt  # noqa: F401  (import-time warnings stay quiet)
         import torch
 
-        from . import megatron as adapters
+        from .. import megatron as adapters
         from . import tiny_models
 
     version = _megatron_version()
