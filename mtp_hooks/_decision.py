@@ -63,7 +63,7 @@ class Decision:
         return ",".join(self.voters) if self.kind == "plugins" else self.kind
 
 
-def _conflict(what: str, role: str | None, phase: str, listed: str, settle: str) -> str:
+def _conflict(what: str, role: str | None, phase: str, listed: str, settle: tuple[str, str]) -> str:
     """The message of a :class:`PolicyConflictError`: who said what, and how to settle it."""
     key = f"{role}.{phase}" if role else phase
     return (

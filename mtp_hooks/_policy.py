@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from . import _phases
 from ._errors import PolicyError
@@ -23,7 +23,8 @@ else:  # pragma: no cover - exercised only on Python 3.10
 
 
 ENV_CONFIG = "MTP_HOOKS_CONFIG"
-VALUES = ("run", "skip", "auto")
+PolicyValue = Literal["run", "skip", "auto"]
+VALUES: dict[str, PolicyValue] = {"run": "run", "skip": "skip", "auto": "auto"}
 
 Key = tuple[str | None, str]  # (role or None, phase name)
 
@@ -41,7 +42,7 @@ class PolicyEntry:
             per depth (``run+metrics``, ``auto+metrics``).
     """
 
-    value: str
+    value: PolicyValue
     source: str
     loss_scale: float | None = None
     metrics: bool = False
@@ -52,7 +53,7 @@ _ALLOWED = (
     "optionally followed by '+metrics'"
 )
 _TABLE_KEYS = {"mtp", "loss_scale", "metrics"}
-_Value = tuple[str, float | None, bool]  # (value, loss_scale, metrics)
+_Value = tuple[PolicyValue, float | None, bool]  # (value, loss_scale, metrics)
 
 
 def _value(raw: object, source: str, key: str) -> _Value:
@@ -83,9 +84,10 @@ def _value(raw: object, source: str, key: str) -> _Value:
     text = text.strip()
     if text.startswith("run:"):
         return "run", check_loss_scale(text[4:].strip(), where, "run"), bool(plus)
-    if text not in VALUES:
+    named = VALUES.get(text)
+    if named is None:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
-    return text, None, _check_metrics(bool(plus), where, text)
+    return named, None, _check_metrics(bool(plus), where, named)
 
 
 def _check_metrics(metrics: bool, where: str, value: str) -> bool:

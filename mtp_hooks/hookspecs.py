@@ -57,7 +57,7 @@ def should_run_mtp(model: Any, phase: Any) -> bool | None:
 
 
 @hookspec
-def declare_phases() -> Iterable[str]:
+def declare_phases() -> Iterable[str]:  # type: ignore[empty-body]
     """Declare custom phase names (beyond ``train``, ``eval`` and ``rollout``) that a plugin uses.
 
     Declared phases are accepted by :func:`mtp_hooks.phase`, :func:`mtp_hooks.decide` and the

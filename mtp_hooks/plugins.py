@@ -151,7 +151,9 @@ class PluginRegistry:
     def unregister(self, name_or_plugin: str | object) -> None:
         """Unregister a plugin given by name or by object; unknown ones raise ``PolicyError``."""
         by_name = isinstance(name_or_plugin, str)
-        name = name_or_plugin if by_name else self.pm.get_name(name_or_plugin)
+        name = (
+            name_or_plugin if isinstance(name_or_plugin, str) else self.pm.get_name(name_or_plugin)
+        )
         if name is None or self.pm.get_plugin(name) is None:
             what = (
                 f"no plugin named {name_or_plugin!r} is"

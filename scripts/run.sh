@@ -4,7 +4,7 @@
 #   scripts/run.sh test [args]   the test suite on megatron-core 0.19.2 (Python 3.12), then the
 #                                core, adapter and plugin tests on megatron-core 0.16.1
 #                                (Python 3.11), then the core tests alone on Python 3.10
-#   scripts/run.sh lint          ruff check and ruff format --check
+#   scripts/run.sh lint          ruff check, ruff format --check and mypy (strict)
 #   scripts/run.sh env           only build the environments
 # Environments: .venv (Python 3.12, torch 2.14.1, megatron-core 0.19.2) and .venv-mcore016
 # (Python 3.11, torch 2.13.0, megatron-core 0.16.1). They are rebuilt when their inputs change.
@@ -46,7 +46,7 @@ build_env() {  # $1 venv dir, $2 python minor, $3 torch spec, $4 megatron-core s
     "$(find_python "$py")" -m venv "$venv"
     "$venv/bin/python" -m pip install -q --upgrade pip
     "$venv/bin/python" -m pip install -q "$torch_spec" "$mcore_spec" numpy
-    "$venv/bin/python" -m pip install -q -e ".[test,bench]" omegaconf ruff==0.17.6
+    "$venv/bin/python" -m pip install -q -e ".[test,bench]" omegaconf ruff==0.17.6 mypy==1.19.1
     # shellcheck disable=SC2046
     "$venv/bin/python" -m pip install -q $(plugins)
     if [ -n "$frameworks" ]; then
@@ -88,6 +88,8 @@ case "$cmd" in
     test)
         env_main
         env_legacy
+        echo ">> the examples in mtp_hooks' docstrings (doctests)"
+        pytest_in .venv --doctest-modules mtp_hooks
         echo ">> tests on megatron-core 0.19.2 (Python 3.12)"
         pytest_in .venv "$@"
         echo ">> tests on megatron-core 0.16.1 (Python 3.11): core, adapters, plugins, zero_edit"
@@ -97,8 +99,9 @@ case "$cmd" in
         pytest_in .venv-core310 tests/core "$@" ;;
     lint)
         env_main
-        .venv/bin/ruff check mtp_hooks plugins tests benchmarks
-        .venv/bin/ruff format --check mtp_hooks plugins tests benchmarks ;;
+        .venv/bin/ruff check mtp_hooks plugins tests benchmarks conftest.py
+        .venv/bin/ruff format --check mtp_hooks plugins tests benchmarks conftest.py
+        .venv/bin/mypy ;;  # strict, for the mtp_hooks package ([tool.mypy] in pyproject.toml)
     env)
         env_main; env_legacy; env_core ;;
     *)

@@ -22,6 +22,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from .. import _decision, _phases, _sources
 from ..hookspecs import PROJECT_NAME
@@ -70,7 +71,7 @@ def _progress(message: str) -> None:
     print(f"[mtp-hooks demo] {message}", file=sys.stderr, flush=True)
 
 
-def _measure(model, handle, phase: str, step: Callable[[], None]) -> Row:
+def _measure(model: Any, handle: Any, phase: str, step: Callable[[], None]) -> Row:
     from . import tiny_models
 
     counter = {"n": 0}
@@ -115,7 +116,7 @@ def _measure(model, handle, phase: str, step: Callable[[], None]) -> Row:
     )
 
 
-def _rows_for(model, handle, batch) -> list[Row]:
+def _rows_for(model: Any, handle: Any, batch: tuple[Any, Any, Any]) -> list[Row]:
     import torch
 
     ids, pos, labels = batch

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from typing import Any
 
 import torch
 
@@ -18,20 +19,35 @@ def sdpa_core_attention() -> type:
     """The SDPA core-attention class (built on first use: it subclasses a megatron class)."""
     from megatron.core.transformer.module import MegatronModule
 
-    class _SDPACoreAttention(MegatronModule):
+    class _SDPACoreAttention(MegatronModule):  # type: ignore[misc]
         """Causal core attention through ``torch.nn.functional.scaled_dot_product_attention``.
 
         Takes the constructor and forward arguments of megatron's ``DotProductAttention`` so it
         can stand in a layer spec; unlike it, it allocates no CUDA scratch buffer.
         """
 
-        def __init__(self, config, layer_number, attn_mask_type, attention_type, **kwargs):
+        def __init__(
+            self,
+            config: Any,
+            layer_number: int,
+            attn_mask_type: Any,
+            attention_type: Any,
+            **kwargs: Any,
+        ) -> None:
             super().__init__(config=config)
             heads = config.num_attention_heads
             self.head_dim = config.kv_channels or config.hidden_size // heads
             self.softmax_scale = kwargs.get("softmax_scale") or 1.0 / math.sqrt(self.head_dim)
 
-        def forward(self, query, key, value, attention_mask, attn_mask_type=None, **kwargs):
+        def forward(
+            self,
+            query: torch.Tensor,
+            key: torch.Tensor,
+            value: torch.Tensor,
+            attention_mask: Any,
+            attn_mask_type: Any = None,
+            **kwargs: Any,
+        ) -> torch.Tensor:
             # [s, b, n, d] -> [b, n, s, d]
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
             if k.shape[1] != q.shape[1]:
@@ -46,7 +62,7 @@ def sdpa_core_attention() -> type:
     return _SDPACoreAttention
 
 
-def hybrid_stack_spec(attention: str = "local"):
+def hybrid_stack_spec(attention: str = "local") -> Any:
     """A ``HybridStack`` spec of local modules: attention (``*``), MLP (``-``) and an MTP block."""
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
     from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules

@@ -56,7 +56,8 @@ def free_port() -> int:
     """A TCP port on 127.0.0.1 that is free right now, for a process group's MASTER_PORT."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        port: int = s.getsockname()[1]
+        return port
 
 
 def init_single_process(port: int | None = None) -> None:
@@ -75,7 +76,7 @@ def init_single_process(port: int | None = None) -> None:
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
 
 
-def _config(spec: TinySpec, **overrides: Any):
+def _config(spec: TinySpec, **overrides: Any) -> Any:
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     kwargs: dict[str, Any] = dict(
@@ -103,7 +104,7 @@ def _config(spec: TinySpec, **overrides: Any):
     return TransformerConfig(**kwargs)
 
 
-def _swap_attention(layer_spec, attention: str):
+def _swap_attention(layer_spec: Any, attention: str) -> Any:
     if attention == "local":
         return layer_spec
     if attention != "sdpa":
@@ -125,7 +126,7 @@ def build_gpt(
     model_cls: type | None = None,
     with_mtp_block: bool = True,
     **config_overrides: Any,
-):
+) -> Any:
     """Build a ``GPTModel`` from megatron's local layer spec, with an MTP block of the spec's depth.
 
     Args:
@@ -174,7 +175,7 @@ def build_hybrid(
     share_embeddings: bool = False,
     model_cls: type | None = None,
     **config_overrides: Any,
-):
+) -> Any:
     """Build a ``HybridModel`` (megatron-core 0.18+) with attention/MLP layers and MTP depths.
 
     Args:

@@ -26,9 +26,11 @@ def auto_attach(enabled: bool = True) -> None:
         UnsupportedModelError: torch is not installed.
 
     Example:
-        >>> mtp_hooks.auto_attach()  # doctest: +SKIP
-        >>> model = GPTModel(config, spec, vocab, seq, mtp_block_spec=mtp)  # doctest: +SKIP
-        >>> loss = model(ids, pos, mask, labels=labels)  # attached; the policy applies
+        .. code-block:: python
+
+            mtp_hooks.auto_attach()
+            model = GPTModel(config, spec, vocab, seq, mtp_block_spec=mtp)
+            loss = model(ids, pos, mask, labels=labels)  # attached; the policy applies
     """
     try:
         from ._auto import enable

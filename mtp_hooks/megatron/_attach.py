@@ -64,11 +64,14 @@ class AttachHandle:
         """
         out: dict[str, dict[str, float]] = {}
         for gate in self.gates:
-            for phase, counts in gate.stats().items():
-                for what, n in counts.items():
-                    seen = out.setdefault(phase, {})
-                    seen[what] = n if what == "loss_scale" else seen.get(what, 0) + n
-        return out
+            for phase, counters in gate.counts.items():
+                seen = out.setdefault(str(phase), {})
+                for what, n in zip(("run", "skip", "untouched"), counters, strict=True):
+                    if n:
+                        seen[what] = seen.get(what, 0) + n
+            for phase, scale in gate.loss_scales.items():
+                out.setdefault(str(phase), {})["loss_scale"] = scale
+        return {phase: seen for phase, seen in sorted(out.items()) if seen}
 
     def metrics(self, reset: bool = False) -> dict[str, MTPMetrics]:
         """MTP loss and top-1 acceptance per depth, as running means by phase, over the forwards
@@ -153,9 +156,11 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
             bypasses forward hooks. The model is left untouched.
 
     Example:
-        >>> handle = mtp_hooks.attach(model, role="student")  # doctest: +SKIP
-        >>> mtp_hooks.configure("train=run,eval=skip,rollout=skip")  # doctest: +SKIP
-        >>> handle.remove()  # doctest: +SKIP
+        .. code-block:: python
+
+            handle = mtp_hooks.attach(model, role="student")
+            mtp_hooks.configure("train=run,eval=skip,rollout=skip")
+            handle.remove()
     """
     capabilities, distributed, gate_cls = _adapters()
     models, wrappers = capabilities.unwrap(model)
@@ -240,4 +245,5 @@ def freeze_mtp(model: Any) -> list[str]:
     """
     capabilities, distributed, _ = _adapters()
     models, wrappers = capabilities.unwrap(model)
-    return distributed.freeze_mtp_parameters(models, wrappers)
+    frozen: list[str] = distributed.freeze_mtp_parameters(models, wrappers)
+    return frozen

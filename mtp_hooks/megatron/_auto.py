@@ -61,7 +61,7 @@ def _watch(model: torch.nn.Module) -> None:
     )
 
 
-def _first_forward(model: torch.nn.Module, args: tuple, kwargs: dict) -> Any:
+def _first_forward(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Attach ``model`` through its outermost wrapper, then gate this very call."""
     _watchers.pop(model).remove()
     outer = model

@@ -23,7 +23,7 @@ import sys
 import threading
 import weakref
 from types import FrameType
-from typing import Any
+from typing import Any, Final
 
 from .._errors import MTPHooksError, UnsupportedModelError
 
@@ -31,7 +31,10 @@ from .._errors import MTPHooksError, UnsupportedModelError
 # called the pre-hook or None for "always over", (mtp_process, config) to put back or None,
 # whether MTP was skipped).
 Frame = tuple[int, FrameType | None, tuple[Any, Any] | None, bool]
-THREAD, OWNER, RESTORE, SKIPPED = range(4)
+THREAD: Final = 0
+OWNER: Final = 1
+RESTORE: Final = 2
+SKIPPED: Final = 3
 
 _set = object.__setattr__
 
@@ -68,7 +71,7 @@ def other_thread(frames: list[Frame], thread: int) -> bool:
 
 def refuse_concurrent(frames: list[Frame], module: Any, decision: str) -> None:
     """Raise :class:`MTPHooksError` for a call that would change gates another thread uses."""
-    others = sorted({f[THREAD] for f in frames if f[THREAD] != threading.get_ident()})
+    others = sorted({f[0] for f in frames if f[0] != threading.get_ident()})
     raise MTPHooksError(
         f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
         f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "

@@ -45,13 +45,13 @@ def language_model_classes() -> tuple[type, ...]:
 
 
 @functools.cache
-def native_flag(cls: type) -> bool:
+def native_flag(cls: Any) -> bool:
     """Whether ``cls.forward`` takes the native ``compute_mtp_loss`` keyword (Megatron-LM main)."""
     return NATIVE_FLAG in inspect.signature(cls.forward).parameters
 
 
 @functools.cache
-def inference_arguments(cls: type) -> tuple[tuple[str, ...], tuple[int, ...]]:
+def inference_arguments(cls: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """The inference-context arguments of ``cls.forward``: their names, and the positional
     indices (after ``self``) of those that can be passed by position."""
     params = list(inspect.signature(cls.forward).parameters.values())[1:]
@@ -115,10 +115,10 @@ def unwrap(model: Any) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
     chunks = list(model) if isinstance(model, (list, tuple)) else [model]
     if not chunks:
         raise UnsupportedModelError("mtp_hooks.attach: got an empty list of model chunks")
-    found: list[torch.nn.Module] = []
-    wrappers: list[torch.nn.Module] = []
+    found: list[Any] = []
+    wrappers: list[Any] = []
     for chunk in chunks:
-        obj = chunk
+        obj: Any = chunk
         while not isinstance(obj, classes):
             if hasattr(obj, "_orig_mod"):
                 raise UnsupportedModelError(

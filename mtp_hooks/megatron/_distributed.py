@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from .._decision import Decision
 
 
-def mtp_only_parameters(model: torch.nn.Module) -> list[tuple[str, torch.nn.Parameter]]:
+def mtp_only_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
     """``mtp.*`` parameters, plus the embedding copy on an MTP stage without ``pre_process``."""
     params = [(f"mtp.{n}", p) for n, p in model.mtp.named_parameters()]
     if not getattr(model, "pre_process", True) and hasattr(model, "embedding"):
@@ -230,6 +230,6 @@ def freeze_mtp_parameters(
     return [name for name, _ in params]
 
 
-def mtp_routers_with_expert_bias(model: torch.nn.Module) -> list[torch.nn.Module]:
+def mtp_routers_with_expert_bias(model: Any) -> list[Any]:
     """The MoE routers inside ``model.mtp`` that carry an ``expert_bias`` buffer."""
     return [m for m in model.mtp.modules() if getattr(m, "expert_bias", None) is not None]

@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections.abc import Callable
 from types import FrameType
-from typing import Any
+from typing import Any, Final, cast
 
 import torch
 
@@ -32,7 +32,9 @@ _RUN, _SKIP, _UNTOUCHED = range(3)  # slots of a phase's counters
 _Entry = tuple[int, bool, list[int], float | None, bool]
 _get_ident = threading.get_ident
 _getframe = sys._getframe
-_OWNER, _RESTORE, _SKIPPED = _calls.OWNER, _calls.RESTORE, _calls.SKIPPED
+_OWNER: Final = _calls.OWNER
+_RESTORE: Final = _calls.RESTORE
+_SKIPPED: Final = _calls.SKIPPED
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
@@ -45,7 +47,7 @@ class MTPGate:
 
     def __init__(self, model: torch.nn.Module, ddp: _distributed.DDPState, verify: bool):
         self._model = weakref.ref(model)
-        self.cls = type(model)
+        self.cls: Any = cast(Any, type(model))  # hashable for the capability caches
         self.native = _capabilities.native_flag(self.cls)
         self.inference_names, self.inference_positions = _capabilities.inference_arguments(self.cls)
         self.inference_mode = _capabilities.inference_mode_class()
@@ -107,8 +109,8 @@ class MTPGate:
     def pre_hook(
         self,
         module: torch.nn.Module,
-        args: tuple,
-        kwargs: dict,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
         owner: FrameType | None = None,
     ) -> Any:
         """Decide for this call and apply it; returns new ``(args, kwargs)`` only for the flag.
@@ -120,6 +122,7 @@ class MTPGate:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
             MTPHooksError: Another thread runs this model with gates this call must change.
         """
+        cached: _Entry  # set where a decision is made (run is not None)
         if owner is None:
             owner = _getframe(1)
         if self.recorder is not None and self.recorder.pending:
@@ -149,9 +152,10 @@ class MTPGate:
                 phase = _current_phase()
                 if phase is None:
                     phase = _TRAIN if module.training and _grad_enabled() else _EVAL
-                cached = self.cache.get(phase)
-                if cached is None or cached[0] != _sources.generation() or self.checks:
-                    cached = self._decide(module, phase)
+                found = self.cache.get(phase)
+                if found is None or found[0] != _sources.generation() or self.checks:
+                    found = self._decide(module, phase)
+                cached = found
                 run = cached[1]
                 if cached[4]:  # +metrics: ask model.mtp's output to be measured
                     self.recorder = self.recorder or _recorder.Recorder(module)
@@ -186,7 +190,9 @@ class MTPGate:
             _set(module, "config", base[1])
             return None
 
-    def post_hook(self, module: torch.nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
+    def post_hook(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> Any:
         """Restore this call's gates first; then settle DDP state after a completed skip."""
         caller = _getframe(1)
         with self.lock:
@@ -196,9 +202,10 @@ class MTPGate:
             else:  # forward raised (caller is torch's exception handler) or threads interleave
                 frame = _calls.pop_own(self.frames, caller)
                 _calls.prune(self.frames, module, caller)
-            if frame is not None and frame[_RESTORE] is not None:
-                _set(module, "mtp_process", frame[_RESTORE][0])
-                _set(module, "config", frame[_RESTORE][1])
+            restore = None if frame is None else frame[_RESTORE]
+            if restore is not None:
+                _set(module, "mtp_process", restore[0])
+                _set(module, "config", restore[1])
             if self.removed and not frames:
                 for handle in self.handles:
                     handle.remove()
@@ -241,6 +248,7 @@ class MTPGate:
         if self.frames and _calls.other_thread(self.frames, thread):
             _calls.refuse_concurrent(self.frames, module, "run with its own loss weight")
         cached[2][_RUN] += 1
+        assert cached[3] is not None
         self.loss_scales[phase] = cached[3]
         self.frames.append((thread, owner, current, False))
         base_mtp_process, base_config = self.base
@@ -254,8 +262,8 @@ class MTPGate:
         thread: int,
         counters: list[int],
         current: tuple[Any, Any],
-        args: tuple,
-        kwargs: dict,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
     ) -> Any:
         """Apply a skip (under the lock): the native flag, or the two instance gates."""
         self.ddp.check_skip_allowed()
@@ -280,20 +288,10 @@ class MTPGate:
             counters = self.counts[phase] = [0, 0, 0]
         return counters
 
-    def stats(self) -> dict[str, dict[str, float]]:
-        """Counts of runs, skips and untouched (inference) calls by phase, and the loss weight
-        the last weighted forward of each phase used (``"loss_scale"``)."""
-        out: dict[str, dict[str, int]] = {}
-        for phase, counters in sorted(self.counts.items(), key=lambda kv: str(kv[0])):
-            named = zip(("run", "skip", "untouched"), counters, strict=True)
-            out[str(phase)] = {what: n for what, n in named if n}
-        for phase, scale in self.loss_scales.items():
-            out.setdefault(str(phase), {})["loss_scale"] = scale
-        return out
-
     def __deepcopy__(self, memo: dict[int, Any]) -> MTPGate:
         """A gate of its own for a deep copy of the model (:func:`._calls.copy_gate`)."""
-        return _calls.copy_gate(self, memo)
+        copied: MTPGate = _calls.copy_gate(self, memo)
+        return copied
 
 
 _set = object.__setattr__

@@ -41,7 +41,7 @@ def _forward_signature(cls: type) -> inspect.Signature:
         forward = klass.__dict__.get("forward")
         if forward is not None and "labels" in inspect.signature(forward).parameters:
             return inspect.signature(forward)
-    return inspect.signature(cls.forward)
+    return inspect.signature(cls.forward)  # type: ignore[attr-defined]
 
 
 @dataclass
@@ -67,7 +67,9 @@ class Recorder:
         self.totals: dict[Any, tuple[torch.Tensor, int]] = {}  # phase -> (float64 sums, forwards)
         self.handle: torch.utils.hooks.RemovableHandle | None = None
 
-    def request(self, model: torch.nn.Module, phase: Any, args: tuple, kwargs: dict) -> None:
+    def request(
+        self, model: Any, phase: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> None:
         """Ask for this thread's forward of ``model`` (starting now) to be recorded."""
         if not getattr(model, "post_process", True) or getattr(model, "mtp", None) is None:
             return  # no labels or output layer on this pipeline stage
@@ -95,7 +97,7 @@ class Recorder:
             self.pending.pop(threading.get_ident(), None)
             self._drop_hook_if_idle()
 
-    def _on_mtp(self, block: torch.nn.Module, args: tuple, hidden: torch.Tensor) -> None:
+    def _on_mtp(self, block: torch.nn.Module, args: tuple[Any, ...], hidden: torch.Tensor) -> None:
         thread = threading.get_ident()
         with self.lock:
             request = self.pending.pop(thread, None)
@@ -161,7 +163,7 @@ def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.T
     depths = model.config.mtp_num_layers
     cp_group, psp = model.cp_group, request.packed_seq_params
 
-    def roll(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def roll(tensor: Any) -> Any:
         return _mtp.roll_tensor(
             tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
         )
