@@ -119,20 +119,10 @@ def build(kind) -> Callable[..., torch.nn.Module]:
     return make
 
 
-class MTPCounter:
-    """Counts forwards of ``model.mtp`` through its own forward hook."""
-
-    def __init__(self, model: torch.nn.Module):
-        self.n = 0
-        self.handle = model.mtp.register_forward_hook(self._hook)
-
-    def _hook(self, *args) -> None:
-        self.n += 1
-
-
 @pytest.fixture
-def count_mtp() -> Callable[[torch.nn.Module], MTPCounter]:
-    return MTPCounter
+def count_mtp() -> Callable[[torch.nn.Module], tiny_models.MTPForwards]:
+    """``count_mtp(model).n``: how many times ``model.mtp`` ran."""
+    return tiny_models.MTPForwards
 
 
 @functools.cache  # one class per base (ModelOpt registers dynamic classes by name)

@@ -74,18 +74,17 @@ def _progress(message: str) -> None:
 def _measure(model: Any, handle: Any, phase: str, step: Callable[[], None]) -> Row:
     from . import tiny_models
 
-    counter = {"n": 0}
-    probe = model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
+    mtp_forwards = tiny_models.MTPForwards(model)
     decision = _decision.decide(model, phase)
     times, ran, recorded = [], [], []
     try:
         for _ in range(REPEATS):
             tiny_models.reset_mtp_loss_tracker()
-            before = counter["n"]
+            before = mtp_forwards.n
             start = time.perf_counter()
             step()
             times.append((time.perf_counter() - start) * 1e3)
-            ran.append(counter["n"] > before)
+            ran.append(mtp_forwards.n > before)
             recorded.append(tiny_models.recorded_mtp_loss() > 0)
     except Exception as exc:  # megatron itself failed (e.g. 0.16 MTP needs labels): show it
         failed = f"megatron raised {type(exc).__name__}"
@@ -100,7 +99,7 @@ def _measure(model: Any, handle: Any, phase: str, step: Callable[[], None]) -> R
             float("nan"),
         )
     finally:
-        probe.remove()
+        mtp_forwards.remove()
     recorded_metrics = handle.metrics(reset=True).get(phase)
     return Row(
         model=type(model).__name__,

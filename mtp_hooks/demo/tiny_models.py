@@ -23,6 +23,7 @@ import torch
 from . import _local_specs
 
 __all__ = [
+    "MTPForwards",
     "TinySpec",
     "free_port",
     "init_single_process",
@@ -233,3 +234,27 @@ def recorded_mtp_loss() -> float:
         for key in ("values", "loss_values")
         if torch.is_tensor(tracker.get(key))
     )
+
+
+class MTPForwards:
+    """Counts the forwards of ``model.mtp`` (a forward hook on it): did MTP really run.
+
+    Example:
+        .. code-block:: python
+
+            ran = MTPForwards(model)
+            model(ids, pos, mask, labels=labels)
+            assert ran.n == 1
+            ran.remove()
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.n = 0
+        self.handle = model.mtp.register_forward_hook(self._count)
+
+    def _count(self, *args: Any) -> None:
+        self.n += 1
+
+    def remove(self) -> None:
+        """Stop counting."""
+        self.handle.remove()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 
 import mtp_hooks
+from mtp_hooks.demo import tiny_models
 
 
 @pytest.fixture
@@ -20,13 +21,12 @@ def model(build, batch):
 
 
 def skipped(model, batch) -> bool:
-    before = model.mtp.ran if hasattr(model.mtp, "ran") else 0
-    hook = model.mtp.register_forward_hook(lambda *a: setattr(model.mtp, "ran", before + 1))
+    ran = tiny_models.MTPForwards(model)
     try:
         model(*batch.args(), labels=batch.labels)
     finally:
-        hook.remove()
-    return getattr(model.mtp, "ran", 0) == before
+        ran.remove()
+    return ran.n == 0
 
 
 def test_configure_invalidates(model, batch):

@@ -16,9 +16,7 @@ def _tp_model():
     )
     torch.manual_seed(0)
     model = tiny_models.build_gpt(spec, attention="local")
-    counter = {"n": 0}
-    model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
-    return model, counter
+    return model, tiny_models.MTPForwards(model)
 
 
 def _batch():
@@ -50,7 +48,7 @@ def agreeing_policy(rank: int) -> dict:
     # the MTP loss logging all-reduce, after ranks agreed on skipping: must not hang
     MTPLossLoggingHelper.track_mtp_metrics(loss_scale=1.0, iteration=1, writer=None)
     return {
-        "mtp_forwards": counter["n"],
+        "mtp_forwards": counter.n,
         "stats": handle.stats(),
         "recorded_after_run": recorded_after_run,
         "recorded_after_skip": recorded_after_skip,
@@ -81,7 +79,7 @@ def rank_dependent_plugin(rank: int) -> dict:
         return {
             "raised": True,
             "message": str(exc),
-            "mtp_forwards": counter["n"],
+            "mtp_forwards": counter.n,
             "gates_restored": model.config is shared and model.mtp_process is True,
         }
     return {"raised": False}

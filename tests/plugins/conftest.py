@@ -50,8 +50,7 @@ def observe(model, batch, phase: str) -> tuple[bool, bool]:
     ``rollout``: a log-prob forward, ``eval()`` + ``no_grad``, no labels, phase ``rollout``.
     ``eval``: a validation forward, ``eval()`` + ``no_grad``, with labels.
     """
-    counter = {"n": 0}
-    hook = model.mtp.register_forward_hook(lambda *a: counter.__setitem__("n", counter["n"] + 1))
+    ran = tiny_models.MTPForwards(model)
     tiny_models.reset_mtp_loss_tracker()
     try:
         if phase == "train":
@@ -66,5 +65,5 @@ def observe(model, batch, phase: str) -> tuple[bool, bool]:
             with torch.no_grad():
                 model(*batch.args(), labels=batch.labels)
     finally:
-        hook.remove()
-    return counter["n"] > 0, tiny_models.recorded_mtp_loss() > 0
+        ran.remove()
+    return ran.n > 0, tiny_models.recorded_mtp_loss() > 0

@@ -85,19 +85,18 @@ def actor_steps(build, batch, with_plugin: bool):
     """veRL's patched actor: one update step with labels, one compute_log_prob forward."""
     model = build(seed=3)
     mtp_patch.patch_postprocess(model)
-    runs = {"n": 0}
-    model.mtp.register_forward_hook(lambda *a: runs.__setitem__("n", runs["n"] + 1))
+    runs = tiny_models.MTPForwards(model)
     if with_plugin:
         mtp_hooks_verl.configure({"enable": True, "enable_train": True})
         mtp_hooks.attach(model)
     model.train()
     model(*batch.args(), labels=batch.labels).sum().backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-    after_update = runs["n"]
+    after_update = runs.n
     model.eval()
     with torch.no_grad():
         log_prob_output = model(*batch.args(), labels=batch.labels)
-    return grads, log_prob_output, after_update, runs["n"] - after_update
+    return grads, log_prob_output, after_update, runs.n - after_update
 
 
 def test_verls_patch_and_the_plugin_compose(build, kind, batch, only):

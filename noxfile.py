@@ -1,0 +1,117 @@
+"""The project's sessions: the demo, the test matrix, the core alone, lint and types.
+
+Run them through ``scripts/nox``, which installs nox and uv on first use::
+
+    scripts/nox -s demo     # the main job: policies on tiny real models, on the CPU
+    scripts/nox             # what CI runs: lint, types, every matrix entry of tests, core
+
+Every version pin of the project's environments is in this file. A session's environment is
+built on first use and reused afterwards (installs into it are checks that take a moment).
+Where a Python of the matrix is missing, nox skips its sessions and says so; under ``CI=true``
+a missing Python fails the run instead.
+"""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "types", "tests", "core"]
+nox.options.error_on_missing_interpreters = bool(os.environ.get("CI"))
+nox.needs_version = ">=2025.5.1"
+
+# -- the pins -----------------------------------------------------------------------------------
+TORCH = {"3.12": "torch==2.14.1", "3.11": "torch==2.13.0"}
+MATRIX = {  # id: (Python, megatron-core, what runs)
+    "mcore019": ("3.12", "megatron-core==0.19.2", ["tests"]),
+    "mcore018": (  # the first release with models/hybrid
+        "3.12",
+        "megatron-core==0.18.2",
+        ["tests/core", "tests/adapters", "tests/plugins", "tests/zero_edit", "tests/distributed"],
+    ),
+    "mcore016": (
+        "3.11",
+        "megatron-core==0.16.1",
+        ["tests/core", "tests/adapters", "tests/plugins", "tests/zero_edit"],
+    ),
+}
+# The frameworks the plugin tests run against for real (with megatron-core 0.19.2): veRL without
+# its heavy extras (import verl needs ray, tensordict, transformers, codetiming) and ModelOpt
+# (0.47.0 imports requests and huggingface_hub without declaring them).
+FRAMEWORKS_NO_DEPS = ["verl==0.9.1"]
+FRAMEWORKS = [
+    "ray==2.60.0",
+    "tensordict==0.10.0",
+    "transformers==5.10.4",
+    "codetiming==1.4.0",
+    "nvidia-modelopt==0.47.0",
+    "requests",
+    "huggingface_hub",
+]
+CORE_FLOOR = ["pluggy==1.3.0", "pytest==8.0.2"]  # pyproject's pluggy floor; pytest 8.0 runs on it
+RUFF, MYPY = "ruff==0.17.6", "mypy==1.19.1"
+PLUGINS = sorted(
+    f"plugins/{name}"
+    for name in os.listdir("plugins")
+    if os.path.exists(f"plugins/{name}/pyproject.toml")
+)
+
+
+def _install_project(session: nox.Session, python: str, megatron: str) -> None:
+    """torch, megatron-core, this package (editable) and the framework plugins."""
+    if os.path.isdir("/opt/wheels"):  # machines that keep torch wheels on disk: use them
+        session.env["UV_FIND_LINKS"] = "/opt/wheels"
+    session.install(TORCH[python], megatron, "numpy")
+    session.install("-e", ".[test,bench]", "omegaconf", *PLUGINS)
+
+
+@nox.session(python="3.12")
+def demo(session: nox.Session) -> None:
+    """The demo on tiny real megatron-core 0.19.2 models, on the CPU (args go to the demo)."""
+    _install_project(session, "3.12", MATRIX["mcore019"][1])
+    session.run("mtp-hooks", "demo", *session.posargs)
+
+
+@nox.session
+@nox.parametrize(
+    ("python", "entry"),
+    [(python, entry) for entry, (python, _, _) in MATRIX.items()],
+    ids=list(MATRIX),
+)
+def tests(session: nox.Session, entry: str) -> None:
+    """The test suite on one megatron-core of the matrix (args go to pytest)."""
+    python, megatron, paths = MATRIX[entry]
+    _install_project(session, python, megatron)
+    if entry == "mcore019":
+        session.install("--no-deps", *FRAMEWORKS_NO_DEPS)
+        session.install(*FRAMEWORKS)
+        if not session.posargs:
+            session.run("pytest", "--doctest-modules", "mtp_hooks")
+    session.run("pytest", *(session.posargs or paths))
+
+
+@nox.session(python="3.10")
+def core(session: nox.Session) -> None:
+    """The core tests without torch or megatron-core, on the oldest Python and pluggy allowed."""
+    session.install("-e", ".[test]", *CORE_FLOOR)
+    session.run("pytest", *(session.posargs or ["tests/core"]))
+
+
+@nox.session(python="3.12")
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install(RUFF)
+    paths = ["mtp_hooks", "plugins", "tests", "benchmarks", "noxfile.py", "conftest.py"]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
+
+
+@nox.session(python="3.12")
+def types(session: nox.Session) -> None:
+    """mypy --strict on the mtp_hooks package ([tool.mypy] in pyproject.toml)."""
+    _install_project(session, "3.12", MATRIX["mcore019"][1])
+    session.install(MYPY)
+    session.run("mypy")
