@@ -3,7 +3,7 @@
 Run them through ``scripts/nox``, which installs nox and uv on first use::
 
     scripts/nox -s demo     # the main job: policies on tiny real models, on the CPU
-    scripts/nox             # what CI runs: lint, types, every matrix entry of tests, core
+    scripts/nox             # what CI runs: lint, types, docs, every matrix entry of tests, core
 
 Every version pin of the project's environments is in this file. A session's environment is
 built on first use and reused afterwards (installs into it are checks that take a moment).
@@ -19,7 +19,7 @@ import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["lint", "types", "tests", "core"]
+nox.options.sessions = ["lint", "types", "docs", "tests", "core"]
 nox.options.error_on_missing_interpreters = bool(os.environ.get("CI"))
 nox.needs_version = ">=2025.5.1"
 
@@ -52,7 +52,7 @@ FRAMEWORKS = [
     "huggingface_hub",
 ]
 CORE_FLOOR = ["pluggy==1.3.0", "pytest==8.0.2"]  # pyproject's pluggy floor; pytest 8.0 runs on it
-RUFF, MYPY = "ruff==0.17.6", "mypy==1.19.1"
+RUFF, MYPY, SPHINX = "ruff==0.17.6", "mypy==1.19.1", "sphinx==9.1.1"
 PLUGINS = sorted(
     f"plugins/{name}"
     for name in os.listdir("plugins")
@@ -115,3 +115,12 @@ def types(session: nox.Session) -> None:
     _install_project(session, "3.12", MATRIX["mcore019"][1])
     session.install(MYPY)
     session.run("mypy")
+
+
+@nox.session(python="3.12")
+def docs(session: nox.Session) -> None:
+    """The API reference (docs/api), built with Sphinx; any warning fails it."""
+    session.install(SPHINX, "-e", ".")
+    out = "docs/api/_build/html"
+    session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs/api", out)
+    session.log(f"API reference: {out}/index.html")

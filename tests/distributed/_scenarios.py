@@ -40,7 +40,7 @@ def agreeing_policy(rank: int) -> dict:
     run_loss = model(ids, pos, mask, labels=ids)
     run_loss.sum().backward()
     recorded_after_run = tiny_models.recorded_mtp_loss()
-    MTPLossLoggingHelper.clean_metrics_in_tracker()
+    tiny_models.reset_mtp_loss_tracker()
     with mtp_hooks.phase("rollout"):
         skip_loss = model(ids, pos, mask, labels=ids)
         skip_loss.sum().backward()

@@ -1,7 +1,7 @@
 """Framework plugin tests: the plugins are pip-installed and found through their entry points.
 
-``scripts/run.sh`` installs ``plugins/*`` into the test environments. Here autoload is back on,
-and every plugin's configured policy is cleared around each test.
+The test sessions (``noxfile.py``) install ``plugins/*`` into the test environments. Here
+autoload is back on, and every plugin's configured policy is cleared around each test.
 """
 
 from __future__ import annotations
