@@ -134,7 +134,9 @@ def _poll_seconds() -> float:
     return value
 
 
-_state = _PolicyState()
+# The policy in force, swapped whole (never half-updated): module state that is replaced lives in
+# a one-slot list across the package; collections are changed in place; nothing is rebound.
+_current = [_PolicyState()]
 
 
 def configure(policy: str | Mapping[str, Any] | None) -> None:
@@ -149,8 +151,9 @@ def configure(policy: str | Mapping[str, Any] | None) -> None:
         >>> mtp_hooks.configure(None)
     """
     entries = {} if policy is None else parse_policy(policy, "mtp_hooks.configure()")
-    _state.api = entries
-    _state.rebuild()
+    state = _current[0]
+    state.api = entries
+    state.rebuild()
 
 
 def reload() -> None:
@@ -175,14 +178,13 @@ def reload() -> None:
         dist.broadcast_object_list(box, src=0)
         shared = box[0]
     candidate = _PolicyState()
-    candidate.api = _state.api
+    candidate.api = _current[0].api
     candidate.load_environment(shared)  # validates everything before the swap
     _swap(candidate)
 
 
 def _swap(state: _PolicyState) -> None:
-    global _state
-    _state = state
+    _current[0] = state
     _generation.advance()
 
 
@@ -192,18 +194,18 @@ def _reset() -> None:
 
 def lookup(role: str | None, phase: str) -> PolicyEntry | None:
     """Return the config entry for (role, phase): role-scoped first, then the plain phase."""
-    return _state.lookup(role, phase)
+    return _current[0].lookup(role, phase)
 
 
 def tracing() -> bool:
     """Whether ``MTP_HOOKS_TRACE`` was on when the environment was last read."""
-    return _state.trace
+    return _current[0].trace
 
 
 def generation() -> int:
     """The decision-cache counter, after checking the policy file for changes (on the hot path
     of every gated forward: two attribute reads when no file is configured)."""
-    state = _state
+    state = _current[0]
     if not state.loaded:
         state.current()
     elif state.path is not None:

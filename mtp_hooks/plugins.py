@@ -242,17 +242,17 @@ def _call(impl: Any, hook: str, **arguments: Any) -> Any:
         ) from exc
 
 
-_state: dict[str, PluginRegistry] = {}
+_current: list[PluginRegistry | None] = [None]  # built on first use; reset() empties it
 
 
 def _registry() -> PluginRegistry:
     """Return the process-wide registry, creating it and loading entry points on first use."""
-    registry = _state.get("registry")
+    registry = _current[0]
     if registry is None:
         registry = PluginRegistry()
         if not _env.flag(ENV_DISABLE_AUTOLOAD):
             registry.load_entry_points()
-        _state["registry"] = registry
+        _current[0] = registry
     return registry
 
 
@@ -291,5 +291,5 @@ def list_plugins() -> list[PluginInfo]:
 
 
 def _reset() -> None:
-    _state.clear()
+    _current[0] = None
     _generation.advance()
