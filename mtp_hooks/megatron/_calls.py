@@ -39,10 +39,12 @@ SKIPPED: Final = 3
 _set = object.__setattr__
 
 
-def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> None:
+def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> bool:
     """Drop the records of calls that are over (``finished`` counts as over), newest first,
-    putting back on ``module`` what each changed. Only interrupted calls leave such records."""
+    putting back on ``module`` what each changed. Only interrupted calls leave such records.
+    Returns whether one of them was the calling thread's."""
     me = threading.get_ident()
+    mine = False
     others = sys._current_frames() if other_thread(frames, me) else {}
     here = sys._getframe()
     for i in range(len(frames) - 1, -1, -1):
@@ -51,9 +53,11 @@ def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> None:
         if owner is not None and owner is not finished and _on_stack(owner, top):
             continue
         del frames[i]
+        mine = mine or thread == me
         if restore is not None:
             _set(module, "mtp_process", restore[0])
             _set(module, "config", restore[1])
+    return mine
 
 
 def pop_own(frames: list[Frame], caller: FrameType) -> Frame | None:

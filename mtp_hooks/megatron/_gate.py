@@ -125,12 +125,12 @@ class MTPGate:
         cached: _Entry  # set where a decision is made (run is not None)
         if owner is None:
             owner = _getframe(1)
-        if self.recorder is not None and self.recorder.pending:
-            self.recorder.cancel()  # a request an interrupted call of this thread left
         frames = self.frames
         if frames:  # a running call (nesting, another thread) or an interrupted one
             with self.lock:
-                _calls.prune(self.frames, module, None)
+                interrupted = _calls.prune(self.frames, module, None)
+            if interrupted and self.recorder is not None:
+                self.recorder.cancel()  # the metrics request the interrupted call left
         # -- decide (no lock held: a plugin may detach, or forward another model) --
         mode = self.inference_mode
         inference = mode is not None and mode.is_active()
