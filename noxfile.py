@@ -21,6 +21,8 @@ nox.options.default_venv_backend = "uv|virtualenv"
 # uv installs no bytecode by default, and where PYTHONDONTWRITEBYTECODE is set (CI machines here)
 # every import of torch and megatron-core would compile from source: tests ran at half speed.
 os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
+# A Python the machine lacks is reported as skipped (an error under CI), never downloaded.
+os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 nox.options.reuse_venv = "yes"
 nox.options.sessions = ["lint", "types", "docs", "tests", "core"]
 nox.options.error_on_missing_interpreters = bool(os.environ.get("CI"))
