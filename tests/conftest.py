@@ -1,32 +1,11 @@
-"""Every test starts from a fresh mtp-hooks: new plugin manager, no config, no env switches.
-
-Entry-point autoload is off by default, so the framework plugins installed in the test
-environment do not vote in tests about something else; the entry-point tests turn it back on.
-"""
+"""Test plugins shared by the suites (the fresh state every test starts from is set up by the
+repository's root conftest.py, which the doctests share)."""
 
 from __future__ import annotations
 
 import pytest
 
 import mtp_hooks
-
-MTP_ENV_VARS = (
-    "MTP_HOOKS_POLICY",
-    "MTP_HOOKS_CONFIG",
-    "MTP_HOOKS_DISABLE",
-    "MTP_HOOKS_TRACE",
-    "MTP_HOOKS_VERIFY",
-)
-
-
-@pytest.fixture(autouse=True)
-def fresh_mtp_hooks(monkeypatch: pytest.MonkeyPatch):
-    for name in MTP_ENV_VARS:
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD", "1")
-    mtp_hooks.reset()
-    yield
-    mtp_hooks.reset()
 
 
 class Voter:

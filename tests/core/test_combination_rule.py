@@ -173,18 +173,10 @@ def test_without_trace_nothing_is_logged(caplog):
     assert caplog.records == []
 
 
-def test_what_decided_is_a_kind_and_a_tuple_of_voters_even_for_a_plugin_named_default():
-    class Vote:
-        def __init__(self, run):
-            self.run = run
-
-        @mtp_hooks.hookimpl
-        def should_run_mtp(self, model, phase):
-            return self.run
-
+def test_what_decided_is_a_kind_and_a_tuple_of_voters_even_for_a_plugin_named_default(voter):
     assert mtp_hooks.decide(None, "train").kind == "default"
-    mtp_hooks.register(Vote(False), name="default")
-    mtp_hooks.register(Vote(False), name="nemo")
+    voter(False, name="default")
+    voter(False, name="nemo")
     decision = mtp_hooks.decide(None, "train")
     assert (decision.kind, decision.voters) == ("plugins", ("default", "nemo"))
     assert decision.decided_by == "default,nemo"  # the 0.1 display form

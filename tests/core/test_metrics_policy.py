@@ -7,15 +7,6 @@ import pytest
 import mtp_hooks
 
 
-class Votes:
-    def __init__(self, run):
-        self.run = run
-
-    @mtp_hooks.hookimpl
-    def should_run_mtp(self, model, phase):
-        return self.run
-
-
 @pytest.mark.parametrize(
     ("policy", "loss_scale"),
     [
@@ -33,12 +24,11 @@ def test_metrics_ride_on_run_in_every_form(policy, loss_scale):
     assert mtp_hooks.decide(None, "train").metrics is False
 
 
-def test_auto_with_metrics_records_only_when_the_plugins_run_mtp():
+def test_auto_with_metrics_records_only_when_the_plugins_run_mtp(voter):
     mtp_hooks.configure("eval=auto+metrics")
-    plugin = Votes(True)
-    mtp_hooks.register(plugin)
+    plugin = voter(True, name="runs-eval")
     assert mtp_hooks.decide(None, "eval").metrics is True
-    plugin.run = False
+    plugin.vote = False
     mtp_hooks.configure("eval=auto+metrics")  # a new generation: decide again
     decision = mtp_hooks.decide(None, "eval")
     assert (decision.run, decision.metrics) == (False, False)
