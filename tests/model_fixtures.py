@@ -231,3 +231,29 @@ def deepcopy_model(model: torch.nn.Module) -> torch.nn.Module:
         for value in vars(module).values():
             collect(value)
     return copy.deepcopy(model, groups)
+
+
+def observe(model, batch, phase: str) -> tuple[bool, bool]:
+    """One forward as the frameworks run it in ``phase``; returns (MTP ran, MTP loss recorded).
+
+    ``train``: a training forward with labels and backward (the actor/policy update).
+    ``rollout``: a log-prob forward, ``eval()`` + ``no_grad``, no labels, phase ``rollout``.
+    ``eval``: a validation forward, ``eval()`` + ``no_grad``, with labels.
+    """
+    ran = tiny_models.MTPForwards(model)
+    tiny_models.reset_mtp_loss_tracker()
+    try:
+        if phase == "train":
+            model.train()
+            model(*batch.args(), labels=batch.labels).sum().backward()
+        elif phase == "rollout":
+            model.eval()
+            with torch.no_grad(), mtp_hooks.phase("rollout"):
+                model(*batch.args())
+        else:
+            model.eval()
+            with torch.no_grad():
+                model(*batch.args(), labels=batch.labels)
+    finally:
+        ran.remove()
+    return ran.n > 0, tiny_models.recorded_mtp_loss() > 0

@@ -7,13 +7,11 @@ autoload is back on, and every plugin's configured policy is cleared around each
 from __future__ import annotations
 
 import pytest
-import torch
 
 import mtp_hooks
 import mtp_hooks_modelopt
 import mtp_hooks_nemo
 import mtp_hooks_verl
-from mtp_hooks.demo import tiny_models
 
 from model_fixtures import *  # noqa: F401,F403
 
@@ -41,29 +39,3 @@ def only(monkeypatch):
         mtp_hooks.reset()
 
     return keep
-
-
-def observe(model, batch, phase: str) -> tuple[bool, bool]:
-    """One forward as the frameworks run it in ``phase``; returns (MTP ran, MTP loss recorded).
-
-    ``train``: a training forward with labels and backward (the actor/policy update).
-    ``rollout``: a log-prob forward, ``eval()`` + ``no_grad``, no labels, phase ``rollout``.
-    ``eval``: a validation forward, ``eval()`` + ``no_grad``, with labels.
-    """
-    ran = tiny_models.MTPForwards(model)
-    tiny_models.reset_mtp_loss_tracker()
-    try:
-        if phase == "train":
-            model.train()
-            model(*batch.args(), labels=batch.labels).sum().backward()
-        elif phase == "rollout":
-            model.eval()
-            with torch.no_grad(), mtp_hooks.phase("rollout"):
-                model(*batch.args())
-        else:
-            model.eval()
-            with torch.no_grad():
-                model(*batch.args(), labels=batch.labels)
-    finally:
-        ran.remove()
-    return ran.n > 0, tiny_models.recorded_mtp_loss() > 0

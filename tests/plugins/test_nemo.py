@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 import mtp_hooks
 import mtp_hooks_nemo
 
-from conftest import observe
+from model_fixtures import observe
 
 MEGATRON_CFG = {
     "mtp_num_layers": 1,

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 import mtp_hooks
 import mtp_hooks_verl
 
-from conftest import observe
+from model_fixtures import observe
 
 
 @pytest.fixture
