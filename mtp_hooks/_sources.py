@@ -79,6 +79,8 @@ class _PolicyState:
         self.file_bytes, self.file_entries, self.file_error = content, entries, None
         self.trace = _env.flag(ENV_TRACE)
         self.loaded = True
+        if _current[0] is self:
+            watching[0] = path is not None
         self.next_poll = time.monotonic() + poll
         self.rebuild()
 
@@ -137,6 +139,9 @@ def _poll_seconds() -> float:
 # The policy in force, swapped whole (never half-updated): module state that is replaced lives in
 # a one-slot list across the package; collections are changed in place; nothing is rebound.
 _current = [_PolicyState()]
+# Whether generation() has anything to do: the environment is unread, or a policy file is
+# watched. Gates read it directly and call generation() only then.
+watching = [True]
 
 
 def configure(policy: str | Mapping[str, Any] | None) -> None:
@@ -185,6 +190,7 @@ def reload() -> None:
 
 def _swap(state: _PolicyState) -> None:
     _current[0] = state
+    watching[0] = not state.loaded or state.path is not None
     _generation.advance()
 
 
@@ -203,8 +209,8 @@ def tracing() -> bool:
 
 
 def generation() -> int:
-    """The decision-cache counter, after checking the policy file for changes (on the hot path
-    of every gated forward: two attribute reads when no file is configured)."""
+    """The decision-cache counter, after reading the environment at first use and checking the
+    policy file for changes (gates call it only while :data:`watching`)."""
     state = _current[0]
     if not state.loaded:
         state.current()

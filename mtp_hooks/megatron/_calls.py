@@ -12,8 +12,9 @@ hook-calling frame, alive exactly as long as the call). That makes three things 
 * **Removal from inside a forward.** A record whose frame is still on a stack is a running
   call; removal waits for it.
 
-Callers hold the gate's lock around every function here. :func:`config_copy` makes the config
-a skipped or re-weighted call runs with; :func:`copy_gate` the gate of a deep-copied model.
+Callers hold the gate's lock around the functions that take the record list.
+:data:`CALLERS` names the frame running a call; :func:`copy_gate` makes the gate of a
+deep-copied model.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import copy
 import sys
 import threading
 import weakref
+from collections.abc import Iterator
 from types import FrameType
 from typing import Any, Final
 
@@ -29,12 +31,13 @@ from .._errors import MTPHooksError, UnsupportedModelError
 
 # A plain tuple, the cheapest object to build per call: (thread ident, the interpreter frame that
 # called the pre-hook or None for "always over", (mtp_process, config) to put back or None,
-# whether MTP was skipped).
-Frame = tuple[int, FrameType | None, tuple[Any, Any] | None, bool]
+# whether a skip owes DDP a settlement after forward, the call's kwargs dict).
+Frame = tuple[int, FrameType | None, tuple[Any, Any] | None, bool, Any]
 THREAD: Final = 0
 OWNER: Final = 1
 RESTORE: Final = 2
-SKIPPED: Final = 3
+SETTLE: Final = 3
+KWARGS: Final = 4
 
 _set = object.__setattr__
 
@@ -45,14 +48,15 @@ def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> bool:
     Returns whether one of them was the calling thread's."""
     me = threading.get_ident()
     mine = False
-    others = sys._current_frames() if other_thread(frames, me) else {}
+    records = frames[:]
+    others = sys._current_frames() if other_thread(records, me) else {}
     here = sys._getframe()
-    for i in range(len(frames) - 1, -1, -1):
-        thread, owner, restore, _ = frames[i]
+    for record in reversed(records):
+        thread, owner, restore = record[:3]
         top = here if thread == me else others.get(thread)
         if owner is not None and owner is not finished and _on_stack(owner, top):
             continue
-        del frames[i]
+        frames.remove(record)
         mine = mine or thread == me
         if restore is not None:
             _set(module, "mtp_process", restore[0])
@@ -60,22 +64,31 @@ def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> bool:
     return mine
 
 
-def pop_own(frames: list[Frame], caller: FrameType) -> Frame | None:
-    """Remove and return the record of the call run by ``caller``, if there is one."""
-    for i in range(len(frames) - 1, -1, -1):
-        if frames[i][OWNER] is caller:
-            return frames.pop(i)
+def pop_own(frames: list[Frame], kwargs: Any, caller: FrameType) -> Frame | None:
+    """Remove and return the record of the call whose forward hook got ``kwargs`` and is run by
+    ``caller``, if there is one.
+
+    torch hands the forward hook the very dict the call's pre-hooks ended with, a new one for
+    every call, so ``kwargs`` names the call unless a pre-hook after the gate's replaced it;
+    then the frame does, unless forward raised (torch's exception handler calls the hook).
+    """
+    records = frames[:]
+    for key, index in ((kwargs, KWARGS), (caller, OWNER)):
+        for record in reversed(records):
+            if record[index] is key:
+                frames.remove(record)
+                return record
     return None
 
 
 def other_thread(frames: list[Frame], thread: int) -> bool:
     """Whether a call of another thread than ``thread`` is recorded."""
-    return any(f[THREAD] != thread for f in frames)
+    return any(f[THREAD] != thread for f in frames[:])
 
 
 def refuse_concurrent(frames: list[Frame], module: Any, decision: str) -> None:
     """Raise :class:`MTPHooksError` for a call that would change gates another thread uses."""
-    others = sorted({f[0] for f in frames if f[0] != threading.get_ident()})
+    others = sorted({f[0] for f in frames[:] if f[0] != threading.get_ident()})
     raise MTPHooksError(
         f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
         f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "
@@ -85,30 +98,26 @@ def refuse_concurrent(frames: list[Frame], module: Any, decision: str) -> None:
     )
 
 
+def _callers() -> Iterator[FrameType]:
+    here = sys._getframe()  # this generator's own frame; its f_back is whoever resumes it
+    while True:
+        yield here.f_back.f_back  # type: ignore[union-attr, misc]
+
+
+# ``next(CALLERS)`` is the frame that called the function calling ``next``: ``sys._getframe(1)``
+# there, without its audit event. Processes that import ``filelock`` (all that import
+# ``transformers``) run a Python audit hook on every event, which makes ``sys._getframe`` cost as
+# much as the rest of a gate; a generator's frame reaches its resumer through ``f_back`` with no
+# event. It raises ``ValueError`` while another thread is resuming it: use ``sys._getframe`` then.
+CALLERS: Final = _callers()
+
+
 def _on_stack(frame: FrameType, top: FrameType | None) -> bool:
     while top is not None:
         if top is frame:
             return True
         top = top.f_back
     return False
-
-
-def config_copy(config: Any, **changes: Any) -> Any:
-    """A fresh shallow copy of ``config`` with ``changes`` applied, e.g. ``mtp_num_layers=None``.
-
-    Like ``copy.copy`` (no ``__init__``/``__post_init__``, so no re-validation), at half the cost
-    for a plain dataclass; classes with ``__slots__`` or ``__copy__`` go through ``copy.copy``.
-    """
-    cls = type(config)
-    state = getattr(config, "__dict__", None)
-    if state is None or hasattr(cls, "__copy__"):
-        new = copy.copy(config)
-    else:
-        new = object.__new__(cls)
-        new.__dict__.update(state)
-    for name, value in changes.items():
-        setattr(new, name, value)
-    return new
 
 
 def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
@@ -120,6 +129,7 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     that restores the original's base gates at its first forward, in case the original was
     copied in the middle of a skipped forward.
     """
+    from ._config_view import Views
     from ._distributed import DDPState
 
     model = gate.model
@@ -132,8 +142,9 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     new._model = weakref.ref(memo[id(model)])
     new.ddp = DDPState(memo[id(model)], [])
     new.base = copy.deepcopy(gate.base, memo)
-    new.frames = [(0, None, new.base, False)] if gate.frames else []
+    new.frames = [(0, None, new.base, False, None)] if gate.frames else []
     new.counts, new.cache, new.loss_scales, new.last_run, new.recorder = {}, {}, {}, None, None
+    new.views = Views()
     new.lock, new.removed = threading.Lock(), False
     memo[id(gate)] = new
     new.handles = copy.deepcopy(gate.handles, memo)

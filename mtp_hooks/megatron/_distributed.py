@@ -98,10 +98,12 @@ class DDPState:
         model = self._model()
         return [p for _, p in mtp_only_parameters(model)] if model is not None else []
 
-    def check_skip_allowed(self) -> None:
-        """Refuse a skip on a bare model whose MTP parameters sit in a Megatron DDP buffer."""
+    def check_skip(self) -> bool:
+        """Refuse a skip on a bare model whose MTP parameters sit in a Megatron DDP buffer;
+        return whether a skipped forward owes DDP anything (:meth:`after_skipped_forward`)."""
         params = self.params
-        if params and not self.megatron and hasattr(params[0], "main_grad"):
+        in_buffer = bool(params) and hasattr(params[0], "main_grad")
+        if in_buffer and not self.megatron:
             raise UnsupportedModelError(
                 "mtp_hooks: this model's MTP parameters are in a Megatron DDP gradient buffer, "
                 "but mtp_hooks was attached to the bare model, so a skipped forward cannot "
@@ -110,6 +112,7 @@ class DDPState:
                 "mtp_hooks.attach(ddp_model), or freeze MTP with mtp_hooks.freeze_mtp() before "
                 "wrapping."
             )
+        return bool(params) and (self.wrapped or in_buffer)
 
     def after_skipped_forward(self, output: Any) -> Any:
         """Settle param gathers and gradient buckets for the MTP parameters a skip left unused."""

@@ -1,0 +1,117 @@
+"""What a gate knows and keeps about its model, and how its two hooks come and go.
+
+:class:`GateState` holds the facts fixed at attach time (the native flag, where inference
+contexts are passed, the tied-embedding hazard, CUDA graphs), the record of running calls
+(:mod:`._calls`), the per-phase decision cache and counters, and the hook handles.
+:class:`._gate.MTPGate` adds the two hooks that run at every forward.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import weakref
+from collections.abc import Callable
+from typing import Any, cast
+
+import torch
+
+from .. import _decision, _roles, _sources
+from . import _calls, _capabilities, _distributed, _recorder, _refusals
+from ._config_view import Views
+
+# A cached decision: (generation, run, the phase's counters, loss weight or None, metrics)
+Entry = tuple[int, bool, list[int], float | None, bool]
+
+
+class GateState:
+    """The state of one model's gate; the hooks are :class:`._gate.MTPGate`'s."""
+
+    def __init__(self, model: torch.nn.Module, ddp: _distributed.DDPState, verify: bool):
+        self._model = weakref.ref(model)
+        self.cls: Any = cast(Any, type(model))  # hashable for the capability caches
+        self.native = _capabilities.native_flag(self.cls)
+        self.inference_names, self.inference_positions = _capabilities.inference_arguments(self.cls)
+        self.inference_from = min(self.inference_positions, default=sys.maxsize)
+        mode = _capabilities.inference_mode_class()
+        self.inference_active = None if mode is None else mode.is_active
+        self.tied_hazard = not self.native and _capabilities.tied_mtp_stage(model)
+        self.verify = verify
+        self.ddp = ddp
+        self.base: tuple[Any, Any] = (model.mtp_process, model.config)
+        self.cuda_graphs = _capabilities.uses_cuda_graphs(model.config)
+        self.checks = verify or self.cuda_graphs  # a per-call check: decide at every call
+        _refusals.refuse_unsupported_config(model.config)
+        self.frames: list[_calls.Frame] = []
+        self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched]
+        self.cache: dict[Any, Entry] = {}  # phase -> _decide's entry
+        self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
+        self.last_run: bool | None = None
+        self.recorder: _recorder.Recorder | None = None  # made by the first +metrics decision
+        self.views = Views()  # the configs skipped and re-weighted calls run with
+        self.lock = threading.Lock()
+        self.removed = False
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.on_copy: Callable[[Any], None] | None = None  # set by attach: adopt a deepcopy
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The gated model, or ``None`` once it has been garbage-collected."""
+        return self._model()
+
+    # -- hook removal ---------------------------------------------------------------------------
+    def remove(self) -> None:
+        """Remove both hooks and restore the gates.
+
+        Called while a forward of the model runs (from a plugin, a submodule hook or another
+        thread), it removes the pre-hook now and leaves the restoring hook until that forward
+        returns, so no forward sees the gates flip half-way.
+        """
+        with self.lock:
+            self.removed = True
+            if self.handles:
+                self.handles[0].remove()
+            model = self._model()
+            if model is not None:
+                _calls.prune(self.frames, model, None)
+            if not self.frames:
+                for handle in self.handles[1:]:
+                    handle.remove()
+                self.handles = []
+
+    def _finish_removal(self) -> None:
+        with self.lock:
+            if not self.frames:
+                for handle in self.handles:
+                    handle.remove()
+                self.handles = []
+
+    # -- deciding ------------------------------------------------------------------------------
+    def _decide(self, module: torch.nn.Module, phase: Any) -> Entry:
+        """Decide for ``phase``; returns ``(generation, run, the phase's counters, loss
+        weight)``, cached while nothing a decision depends on changes and no per-call check
+        is on."""
+        generation = _sources.generation()
+        decision, cacheable = _decision.decide_normalized(module, phase, _roles.role_of(module))
+        if self.verify:
+            _distributed.verify_agreement(decision, phase)
+        if self.cuda_graphs:
+            _refusals.check_cuda_graph_decision(self.last_run, decision.run, self.base[1])
+            self.last_run = decision.run
+        counters = self._counters(phase)
+        entry = (generation, decision.run, counters, decision.loss_scale, decision.metrics)
+        if cacheable:
+            self.cache[phase] = entry
+        return entry
+
+    # -- helpers -------------------------------------------------------------------------------
+    def _counters(self, phase: Any) -> list[int]:
+        counters = self.counts.get(phase)
+        if counters is None:
+            counters = self.counts[phase] = [0, 0, 0]
+        return counters
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> GateState:
+        """A gate of its own for a deep copy of the model (:func:`._calls.copy_gate`)."""
+        copied: GateState = _calls.copy_gate(self, memo)
+        return copied
