@@ -131,9 +131,11 @@ def decide_normalized(
 ) -> tuple[Decision, bool]:
     """:func:`decide` for a phase already normalized; also says whether the result may be cached.
 
-    A decision may be reused until :func:`mtp_hooks._generation.current` changes when no plugin
-    was consulted: the config decided (with its weight, or with no ``mtp_loss_scale`` plugin),
-    or no plugin implements ``should_run_mtp``.
+    A decision may be reused for this model and phase until :func:`mtp_hooks._generation.current`
+    changes when no plugin was consulted (the config decided, or no plugin implements
+    ``should_run_mtp``) or every plugin that votes is a ``cacheable_vote``, and no
+    ``mtp_loss_scale`` plugin gave its weight. Only decisions that consulted no plugin are also
+    shared across models of one role (a vote may depend on the model).
     """
     generation = _sources.generation()
     if _memo_generation[0] != generation:
@@ -146,10 +148,12 @@ def decide_normalized(
     entry = _sources.lookup(role, str(phase))
     if entry is not None and entry.value != "auto":
         decision = Decision(entry.value == "run", "config", (), {}, phase, role, entry.source)
+        shared = True
         cacheable = not tracing  # a traced decision is logged at every call
     else:
         decision = _plugin_decision(model, phase, role)
-        cacheable = not decision.votes and not tracing
+        shared = not decision.votes
+        cacheable = (shared or _registry().votes_cacheable()) and not tracing
     if decision.run:
         if entry is not None and entry.loss_scale is not None:
             decision = replace(decision, loss_scale=entry.loss_scale, loss_scale_by="config")
@@ -158,7 +162,7 @@ def decide_normalized(
             cacheable = False  # a weight may follow the training step
         if entry is not None and entry.metrics:
             decision = replace(decision, metrics=True)
-    if cacheable:
+    if cacheable and shared:
         _memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:
         logger.info(

@@ -1,4 +1,5 @@
-"""What the registry checks of plugins: that an object is one, how it hooks in, its phases."""
+"""What the registry checks of plugins: that an object is one, how it hooks in, its phases,
+whether its votes may be cached."""
 
 from __future__ import annotations
 
@@ -77,3 +78,11 @@ def declared_phases(impls: Iterable[Any]) -> frozenset[str]:
                 )
             names.add(name)
     return frozenset(names)
+
+
+CACHEABLE_VOTE = "mtp_hooks_cacheable_vote"  # set by mtp_hooks.framework.cacheable_vote
+
+
+def all_cacheable(impls: list[Any]) -> bool:
+    """Whether every implementation in ``impls`` is declared ``cacheable_vote``."""
+    return all(getattr(impl.function, CACHEABLE_VOTE, False) for impl in impls)

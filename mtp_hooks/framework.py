@@ -2,19 +2,22 @@
 
 Frameworks hand their config over as plain dicts, OmegaConf nodes or dataclasses. These helpers
 read them uniformly and fail with a :class:`mtp_hooks.PolicyError` that names the key, the bad
-value and what is expected, before any policy changes.
+value and what is expected, before any policy changes. :class:`RoleSettings` keeps what a
+plugin was configured with; with it, a plugin's vote can be declared :func:`cacheable_vote`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from . import _generation
 from ._errors import PolicyError
+from ._plugin_checks import CACHEABLE_VOTE
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 
 MISSING: Any = object()
 
@@ -97,6 +100,34 @@ class RoleSettings(Generic[T]):
         """Forget every setting (for tests)."""
         self._by_role.clear()
         _generation.advance()
+
+
+def cacheable_vote(hook: F) -> F:
+    """Declare a ``should_run_mtp`` implementation whose vote a gate may reuse.
+
+    By default a gate asks every plugin that votes at every forward, since a vote may follow
+    state mtp-hooks cannot see, such as the training step. A vote that depends only on the
+    model, the phase, the model's role and state whose every change calls
+    :func:`votes_changed` (as :meth:`RoleSettings.set` does) can be reused per model and phase
+    instead; a decision is then cached only while every plugin that votes is declared so.
+    Works on functions and on methods, in either order with ``@hookimpl``.
+
+    Example:
+        >>> import mtp_hooks
+        >>> from mtp_hooks.framework import cacheable_vote
+        >>> @mtp_hooks.hookimpl
+        ... @cacheable_vote
+        ... def should_run_mtp(model, phase):
+        ...     return phase != "eval"
+    """
+    setattr(hook, CACHEABLE_VOTE, True)
+    return hook
+
+
+def votes_changed() -> None:
+    """Tell mtp-hooks that state a :func:`cacheable_vote` depends on has changed: every gate
+    asks the plugins again at its next forward."""
+    _generation.advance()
 
 
 def loss_scale_schedule(

@@ -26,7 +26,10 @@ def should_run_mtp(model: Any, phase: Any) -> bool | None:
 
     Called at every gated forward call of an attached model (and by :func:`mtp_hooks.decide`),
     unless the policy config already answers for the model's (role, phase). Every plugin votes;
-    pluggy's call order never matters.
+    pluggy's call order never matters. A vote that depends only on the model, the phase and
+    state whose changes mtp-hooks is told of can be declared
+    :func:`mtp_hooks.framework.cacheable_vote`; a gate then asks once per phase until something
+    changes, as long as every plugin that votes is declared so.
 
     Args:
         model: The Megatron language model about to run (a ``GPTModel`` or ``HybridModel``), or

@@ -16,7 +16,7 @@ import pluggy
 
 from . import _env, _generation, hookspecs
 from ._errors import PluginError, PluginLoadError, PolicyError
-from ._plugin_checks import check_plugin, declared_phases
+from ._plugin_checks import all_cacheable, check_plugin, declared_phases
 from ._policy import check_loss_scale
 
 __all__ = [
@@ -198,6 +198,10 @@ class PluginRegistry:
                 where = f"plugin {impl.plugin_name!r}: mtp_loss_scale returned {scale!r}"
                 out.append((impl.plugin_name, check_loss_scale(scale, where)))
         return out
+
+    def votes_cacheable(self) -> bool:
+        """Whether every ``should_run_mtp`` implementation is declared ``cacheable_vote``."""
+        return all_cacheable(self.pm.hook.should_run_mtp.get_hookimpls())
 
     def implements(self, hook: str) -> bool:
         """Whether any registered plugin implements ``hook``."""

@@ -22,8 +22,8 @@ _VALUE = "_mtp_hooks_value"  # the view's slot: the changed field's value
 
 
 class _Changed:
-    """The data descriptor a view class puts on the changed field: fixed once the view is made
-    (views are reused), settable on an object being built from the class (``replace``)."""
+    """The data descriptor a view class puts on the changed field. A write during the forward
+    stays in the view, as it would in a copy; :class:`Views` then makes a fresh one."""
 
     def __init__(self, name: str):
         self.name = name
@@ -32,11 +32,6 @@ class _Changed:
         return self if view is None else getattr(view, _VALUE)
 
     def __set__(self, view: Any, value: Any) -> None:
-        if hasattr(view, _VALUE):
-            raise AttributeError(
-                f"mtp_hooks: {self.name} is fixed to {getattr(view, _VALUE)!r} for this gated "
-                f"forward; set it on the model's config outside the forward"
-            )
         object.__setattr__(view, _VALUE, value)
 
 
@@ -104,8 +99,9 @@ def config_view(config: Any, name: str, value: Any) -> Any:
 
 
 class Views:
-    """The views of one model's config that its gate hands out, reused while the config object
-    and the value stay the same (a view reads every other field live, so it never goes stale)."""
+    """The views of one model's config that its gate hands out (under its lock), reused while
+    the config object and the value stay the same: a view reads every other field live, so it
+    never goes stale."""
 
     def __init__(self) -> None:
         self.config: Any = None
@@ -116,6 +112,9 @@ class Views:
         if config is not self.config:
             self.config, self.views = config, {}
         view = self.views.get(name)
-        if view is None or getattr(view, name) != value:
-            view = self.views[name] = config_view(config, name, value)
+        if view is not None and getattr(view, name) == value:
+            return view
+        view = config_view(config, name, value)
+        if hasattr(type(view), "_mtp_hooks_base"):  # a copy goes stale: never reused
+            self.views[name] = view
         return view

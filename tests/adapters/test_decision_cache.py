@@ -1,7 +1,8 @@
 """A gate reuses a decision only while nothing it depends on changes.
 
 Each test makes one forward (so the decision is cached), changes one input of the decision, and
-checks that the very next forward decides anew.
+checks that the very next forward decides anew. Plugins that vote are asked at every forward
+unless each is declared ``cacheable_vote``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ import pytest
 
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
+from mtp_hooks.framework import RoleSettings, cacheable_vote, votes_changed
 
 
 @pytest.fixture
@@ -95,3 +97,64 @@ def test_with_tracing_on_every_forward_is_logged(model, batch, monkeypatch, capl
         for _ in range(3):
             model(*batch.args(), labels=batch.labels)
     assert sum("mtp_hooks decision" in r.getMessage() for r in caplog.records) == 3
+
+
+class CacheableVoter:
+    """A plugin whose vote depends only on the model and the phase, declared so."""
+
+    def __init__(self, vote):
+        self.vote = vote
+        self.calls = 0
+
+    @mtp_hooks.hookimpl
+    @cacheable_vote
+    def should_run_mtp(self, model, phase):
+        self.calls += 1
+        return self.vote(model) if callable(self.vote) else self.vote
+
+
+def test_a_cacheable_vote_is_asked_once_per_phase_until_votes_change(model, batch):
+    mtp_hooks.configure(None)
+    plugin = CacheableVoter(False)
+    mtp_hooks.register(plugin, name="cached")
+    assert skipped(model, batch) and skipped(model, batch) and plugin.calls == 1
+    plugin.vote = True
+    votes_changed()
+    assert not skipped(model, batch) and plugin.calls == 2
+
+
+def test_role_settings_changes_reach_a_cacheable_vote(model, batch):
+    settings = RoleSettings[bool]()
+    settings.set(True)
+    mtp_hooks.configure(None)
+    mtp_hooks.register(CacheableVoter(lambda m: settings.get(None)), name="settings")
+    assert not skipped(model, batch)
+    settings.set(False)
+    assert skipped(model, batch)
+
+
+def test_one_plugin_that_votes_uncached_makes_every_forward_ask_them_all(model, batch, voter):
+    mtp_hooks.configure(None)
+    cached = CacheableVoter(None)
+    mtp_hooks.register(cached, name="cached")
+    uncached = voter(None, "uncached")
+    for _ in range(3):
+        model(*batch.args(), labels=batch.labels)
+    assert cached.calls == 3 and len(uncached.calls) == 3
+
+
+def test_a_cacheable_vote_is_kept_per_model(build, batch):
+    first, second = build(seed=1), build(seed=2)
+    mtp_hooks.attach([first, second])
+    plugin = CacheableVoter(lambda m: m is first)  # run on the first model only
+    mtp_hooks.register(plugin, name="per-model")
+    for _ in range(2):
+        assert not skipped(first, batch) and skipped(second, batch)
+    assert plugin.calls == 2
+
+
+def test_the_environment_is_read_at_the_first_gated_forward(build, batch, monkeypatch):
+    monkeypatch.setenv("MTP_HOOKS_POLICY", "train=skip")
+    model = build()
+    mtp_hooks.attach(model)
+    assert skipped(model, batch)

@@ -73,3 +73,22 @@ def test_bad_verl_config_names_the_key_and_changes_nothing(config, message):
         mtp_hooks_verl.configure(config)
     assert "actor_rollout_ref.model.mtp" in str(info.value)
     assert mtp_hooks_verl.current().enable_train is True
+
+
+def test_the_verl_vote_is_reused_until_verl_is_configured_again(actor, batch, monkeypatch):
+    import mtp_hooks_verl.hooks
+
+    asked = []
+    vote = mtp_hooks_verl.hooks.vote
+    monkeypatch.setattr(
+        mtp_hooks_verl.hooks, "vote", lambda m, phase: asked.append(phase) or vote(m, phase)
+    )
+    observe(actor, batch, "eval")  # the first forward also loads the plugins
+    asked.clear()
+    mtp_hooks_verl.configure({"enable": True, "enable_train": True})
+    for _ in range(3):
+        observe(actor, batch, "eval")
+    assert asked == ["eval"]
+    mtp_hooks_verl.configure({"enable": True, "enable_train": False})
+    observe(actor, batch, "eval")
+    assert asked == ["eval", "eval"]

@@ -5,11 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from mtp_hooks import hookimpl, role_of
+from mtp_hooks.framework import cacheable_vote
 
 from . import current
 
 
 @hookimpl
+@cacheable_vote  # reads only the phase, the role and RoleSettings
 def should_run_mtp(model: Any, phase: Any) -> bool | None:
     config = current()
     return None if config is None else config.decide(role_of(model))

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from mtp_hooks import hookimpl
+from mtp_hooks.framework import cacheable_vote
 
 from . import vote
 
 
 @hookimpl
+@cacheable_vote  # reads only the phase, the role and RoleSettings
 def should_run_mtp(model: Any, phase: Any) -> bool | None:
     return vote(model, phase)
