@@ -12,7 +12,11 @@ hook-calling frame, alive exactly as long as the call). That makes three things 
 * **Removal from inside a forward.** A record whose frame is still on a stack is a running
   call; removal waits for it.
 
-Callers hold the gate's lock around the functions that take the record list.
+Callers hold the gate's lock around the functions that take the record list, with one
+exception: a call that changed nothing removes its own record in its forward hook without the
+lock (one atomic ``list.remove``). So these functions read the list through snapshots, and a
+record of such a call may vanish under them. The forward hook finds its record by the kwargs
+dict it shares with the pre-hook, and by the frame when a later pre-hook replaced that dict.
 :data:`CALLERS` names the frame running a call; :func:`copy_gate` makes the gate of a
 deep-copied model.
 """
@@ -56,12 +60,23 @@ def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> bool:
         top = here if thread == me else others.get(thread)
         if owner is not None and owner is not finished and _on_stack(owner, top):
             continue
-        frames.remove(record)
+        if not _discard(frames, record):
+            continue  # a call that changed nothing, which just ended and removed it itself
         mine = mine or thread == me
         if restore is not None:
             _set(module, "mtp_process", restore[0])
             _set(module, "config", restore[1])
     return mine
+
+
+def _discard(frames: list[Frame], record: Frame) -> bool:
+    """Remove ``record`` (matched by identity: records of different calls differ in their
+    thread or frame before any other field is compared); whether it was still there."""
+    try:
+        frames.remove(record)
+    except ValueError:
+        return False
+    return True
 
 
 def pop_own(frames: list[Frame], kwargs: Any, caller: FrameType) -> Frame | None:
@@ -75,8 +90,7 @@ def pop_own(frames: list[Frame], kwargs: Any, caller: FrameType) -> Frame | None
     records = frames[:]
     for key, index in ((kwargs, KWARGS), (caller, OWNER)):
         for record in reversed(records):
-            if record[index] is key:
-                frames.remove(record)
+            if record[index] is key and _discard(frames, record):
                 return record
     return None
 
