@@ -55,7 +55,8 @@ class PluginRegistry:
         self.pm.add_hookspecs(hookspecs)
         self._dists: dict[str, tuple[str, str]] = {}
         self._blocked_eps: dict[str, tuple[str | None, str | None]] = {}
-        self._phases: frozenset[str] | None = None
+        self._phases: frozenset[str] | None = None  # both derived from the plugins, and
+        self._cacheable: bool | None = None  # cleared when they change
         for name in _blocked_names():
             self.pm.set_blocked(name)
 
@@ -110,8 +111,8 @@ class PluginRegistry:
             origin = f" (distribution {dist[0]} {dist[1]})" if dist else ""
             raise PluginLoadError(
                 f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not define: "
-                f"{exc}. Known hooks: should_run_mtp, mtp_loss_scale, declare_phases. Fix the "
-                f"name, or disable the plugin with {ENV_DISABLE}={name}."
+                f"{exc}. Known hooks: should_run_mtp, mtp_loss_scale, mtp_metrics, "
+                f"declare_phases. Fix the name, or disable the plugin with {ENV_DISABLE}={name}."
             ) from exc
 
     # -- registration ------------------------------------------------------------------------
@@ -155,18 +156,14 @@ class PluginRegistry:
             name_or_plugin if isinstance(name_or_plugin, str) else self.pm.get_name(name_or_plugin)
         )
         if name is None or self.pm.get_plugin(name) is None:
-            what = (
-                f"no plugin named {name_or_plugin!r} is"
-                if by_name
-                else f"{name_or_plugin!r} is not"
-            )
-            raise PolicyError(f"unregister: {what} registered")
+            what = "no plugin named {!r} is" if by_name else "{!r} is not"
+            raise PolicyError(f"unregister: {what.format(name_or_plugin)} registered")
         self.pm.unregister(name=name)
         self._dists.pop(name, None)
         self._changed()
 
     def _changed(self) -> None:
-        self._phases = None
+        self._phases = self._cacheable = None
         _generation.advance()
 
     # -- hook calls --------------------------------------------------------------------------
@@ -201,7 +198,9 @@ class PluginRegistry:
 
     def votes_cacheable(self) -> bool:
         """Whether every ``should_run_mtp`` implementation is declared ``cacheable_vote``."""
-        return all_cacheable(self.pm.hook.should_run_mtp.get_hookimpls())
+        if self._cacheable is None:
+            self._cacheable = all_cacheable(self.pm.hook.should_run_mtp.get_hookimpls())
+        return self._cacheable
 
     def implements(self, hook: str) -> bool:
         """Whether any registered plugin implements ``hook``."""

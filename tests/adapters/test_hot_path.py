@@ -89,6 +89,12 @@ def test_many_threads_running_mtp_together_leave_no_record_and_count_every_forwa
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("eval=run")
     model.eval()
+    # megatron's layers keep per-call state on the module (TransformerLayer.mlp_norm_manager),
+    # so its decoder and MTP block each run one thread at a time here; the gate's hooks do not.
+    for block in (model.decoder, model.mtp):
+        busy = threading.Lock()
+        block.register_forward_pre_hook(lambda m, a, busy=busy: busy.acquire() and None)
+        block.register_forward_hook(lambda m, a, o, busy=busy: busy.release(), always_call=True)
     errors: list[BaseException] = []
 
     def work():
