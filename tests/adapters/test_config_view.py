@@ -30,12 +30,18 @@ def configs_seen_by_forward(model, batch, forwards: int = 1) -> list:
     return seen
 
 
-def test_a_skipped_forward_sees_its_config_with_no_mtp_layers(build, batch):
+def skipped(build, batch) -> tuple:
+    """A model attached with ``train=skip``, and the config its first forward saw."""
     model = build()
-    shared = model.config
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     (view,) = configs_seen_by_forward(model, batch)
+    return model, view
+
+
+def test_a_skipped_forward_sees_its_config_with_no_mtp_layers(build, batch):
+    model, view = skipped(build, batch)
+    shared = model.config
     assert isinstance(view, type(shared)) and dataclasses.is_dataclass(view)
     assert view.mtp_num_layers is None and shared.mtp_num_layers == 1
     fields = [f.name for f in dataclasses.fields(shared) if f.name != "mtp_num_layers"]
@@ -43,11 +49,8 @@ def test_a_skipped_forward_sees_its_config_with_no_mtp_layers(build, batch):
 
 
 def test_the_view_reads_the_config_live(build, batch):
-    model = build()
+    model, view = skipped(build, batch)
     shared = model.config
-    mtp_hooks.attach(model)
-    mtp_hooks.configure("train=skip")
-    (view,) = configs_seen_by_forward(model, batch)
     shared.hidden_dropout = 0.25
     assert view.hidden_dropout == 0.25
 
@@ -68,10 +71,7 @@ def test_a_write_during_a_skipped_forward_reaches_the_model_config(build, batch)
 def test_a_write_to_the_changed_field_stays_in_that_view_and_the_next_call_gets_a_new_one(
     build, batch
 ):
-    model = build()
-    mtp_hooks.attach(model)
-    mtp_hooks.configure("train=skip")
-    (first,) = configs_seen_by_forward(model, batch)
+    model, first = skipped(build, batch)
     first.mtp_num_layers = 7  # as code running inside that forward could have done
     (second,) = configs_seen_by_forward(model, batch)
     assert second is not first and second.mtp_num_layers is None
@@ -103,10 +103,7 @@ def test_a_weighted_forward_sees_the_weight_and_a_new_weight_gets_a_new_view(bui
 
 
 def test_copies_and_pickles_of_a_view_are_plain_configs_with_the_changed_value(build, batch):
-    model = build()
-    mtp_hooks.attach(model)
-    mtp_hooks.configure("train=skip")
-    (view,) = configs_seen_by_forward(model, batch)
+    model, view = skipped(build, batch)
     for made in (copy.copy(view), copy.deepcopy(view), pickle.loads(pickle.dumps(view))):
         assert type(made) is type(model.config) and made.mtp_num_layers is None
         assert made.hidden_size == model.config.hidden_size
@@ -134,8 +131,5 @@ def test_a_config_class_without_an_instance_dict_gets_a_copy():
 
 
 def test_the_view_shares_the_config_attribute_dict_nothing_is_copied(build, batch):
-    model = build()
-    mtp_hooks.attach(model)
-    mtp_hooks.configure("train=skip")
-    (view,) = configs_seen_by_forward(model, batch)
+    model, view = skipped(build, batch)
     assert vars(view) is vars(model.config)
