@@ -230,12 +230,21 @@ def _top1(model: Any, logits: torch.Tensor, gather: bool | None) -> torch.Tensor
 
 
 def running_means(recorders: list[Recorder], reset: bool) -> dict[str, MTPMetrics]:
-    """The running means by phase over ``recorders`` (their sums added: token-weighted)."""
+    """The running means by phase over ``recorders`` (their sums added: token-weighted). Models
+    of different MTP depth add up depth by depth; a depth only some have counts only theirs."""
     combined: dict[str, tuple[torch.Tensor, int]] = {}
     for recorder in recorders:
         for phase, (sums, forwards) in recorder.take(reset).items():
             seen = combined.get(str(phase))
-            if seen is not None and seen[0].shape == sums.shape:
-                sums, forwards = seen[0] + sums, seen[1] + forwards
+            if seen is not None:
+                sums, forwards = _add_by_depth(seen[0], sums), seen[1] + forwards
             combined[str(phase)] = (sums, forwards)
     return {phase: to_metrics(sums, n) for phase, (sums, n) in sorted(combined.items())}
+
+
+def _add_by_depth(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a + b`` for ``[3, depths]`` sums, the shallower one padded with zero counts."""
+    b = b.to(a.device)
+    depths = max(a.shape[1], b.shape[1])
+    pad = torch.nn.functional.pad
+    return pad(a, (0, depths - a.shape[1])) + pad(b, (0, depths - b.shape[1]))

@@ -307,3 +307,21 @@ def test_a_model_with_the_native_flag_records_the_same(build, kind, batch, loss_
             model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)
     assert flagged.received[-1][0] is True  # the flag said "run"
     assert handles[0].metrics() == handles[1].metrics() != {}
+
+
+def test_models_of_different_depth_on_one_handle_add_up_depth_by_depth(build, deep, batch):
+    shallow, two_deep = build(), deep()
+    handle = mtp_hooks.attach([shallow, two_deep])
+    mtp_hooks.configure("eval=run+metrics")
+    listener = Listener()
+    mtp_hooks.register(listener)
+    for model in (shallow, two_deep):
+        model.eval()
+        with torch.no_grad():
+            model(*batch.args(), labels=batch.labels)
+    (_, _, one), (_, _, two) = listener.calls
+    running = handle.metrics()["eval"]
+    assert running.forwards == 2 and len(one.loss) == 1 and len(running.loss) == DEPTHS
+    assert running.tokens == (one.tokens[0] + two.tokens[0], two.tokens[1])
+    mean = (one.loss[0] * one.tokens[0] + two.loss[0] * two.tokens[0]) / running.tokens[0]
+    assert running.loss == (pytest.approx(mean, rel=1e-6), pytest.approx(two.loss[1], rel=1e-6))
