@@ -64,9 +64,14 @@ def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> bool:
             continue  # a call that changed nothing, which just ended and removed it itself
         mine = mine or thread == me
         if restore is not None:
-            _set(module, "mtp_process", restore[0])
-            _set(module, "config", restore[1])
+            put_back(module, restore)
     return mine
+
+
+def put_back(module: Any, gates: tuple[Any, Any]) -> None:
+    """Set ``module``'s two gates, ``mtp_process`` and ``config``, to ``gates``."""
+    _set(module, "mtp_process", gates[0])
+    _set(module, "config", gates[1])
 
 
 def _discard(frames: list[Frame], record: Frame) -> bool:
@@ -102,7 +107,7 @@ def other_thread(frames: list[Frame], thread: int) -> bool:
 
 def refuse_concurrent(frames: list[Frame], module: Any, decision: str) -> None:
     """Raise :class:`MTPHooksError` for a call that would change gates another thread uses."""
-    others = sorted({f[0] for f in frames[:] if f[0] != threading.get_ident()})
+    others = sorted({f[THREAD] for f in frames[:] if f[THREAD] != threading.get_ident()})
     raise MTPHooksError(
         f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
         f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "

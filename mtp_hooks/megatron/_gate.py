@@ -154,8 +154,7 @@ class MTPGate(GateState):
                 frames.append((thread, owner, None, False, kwargs))
                 return None
             frames.append((thread, owner, current, False, kwargs))
-            _set(module, "mtp_process", base[0])
-            _set(module, "config", base[1])
+            _calls.put_back(module, base)
             return None
         finally:
             lock.release()
@@ -180,8 +179,7 @@ class MTPGate(GateState):
                 lock.acquire()
                 try:
                     frames.remove(top)
-                    _set(module, "mtp_process", restore[0])
-                    _set(module, "config", restore[1])
+                    _calls.put_back(module, restore)
                 finally:
                     lock.release()
             if self.removed:
@@ -202,8 +200,7 @@ class MTPGate(GateState):
             _calls.prune(self.frames, module, caller)
             restore = None if frame is None else frame[_RESTORE]
             if restore is not None:
-                _set(module, "mtp_process", restore[0])
-                _set(module, "config", restore[1])
+                _calls.put_back(module, restore)
         if self.removed:
             self._finish_removal()
         return frame
@@ -227,8 +224,8 @@ class MTPGate(GateState):
         self.loss_scales[phase] = cached[3]
         self.frames.append((thread, owner, current, False, kwargs))
         base_mtp_process, base_config = self.base
-        _set(module, "mtp_process", base_mtp_process)
-        _set(module, "config", self.views.get(base_config, "mtp_loss_scaling_factor", cached[3]))
+        weighted = self.views.get(base_config, "mtp_loss_scaling_factor", cached[3])
+        _calls.put_back(module, (base_mtp_process, weighted))
 
     def _skip(
         self,

@@ -74,12 +74,11 @@ class GateState:
             model = self._model()
             if model is not None:
                 _calls.prune(self.frames, model, None)
-            if not self.frames:
-                for handle in self.handles[1:]:
-                    handle.remove()
-                self.handles = []
+        self._finish_removal()
 
     def _finish_removal(self) -> None:
+        """Remove both hooks once no call of the model is running (called by removal, and by
+        the forward hook of each call that ends after it)."""
         with self.lock:
             if not self.frames:
                 for handle in self.handles:
