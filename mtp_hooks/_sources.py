@@ -80,7 +80,7 @@ class _PolicyState:
         self.trace = _env.flag(ENV_TRACE)
         self.loaded = True
         if _current[0] is self:
-            watching[0] = path is not None
+            _watch(self)
         self.next_poll = time.monotonic() + poll
         self.rebuild()
 
@@ -140,8 +140,13 @@ def _poll_seconds() -> float:
 # a one-slot list across the package; collections are changed in place; nothing is rebound.
 _current = [_PolicyState()]
 # Whether generation() has anything to do: the environment is unread, or a policy file is
-# watched. Gates read it directly and call generation() only then.
+# watched. Gates read it directly and call generation() only then; _watch keeps it true.
 watching = [True]
+
+
+def _watch(state: _PolicyState) -> None:
+    """Set :data:`watching` for ``state``, the policy in force."""
+    watching[0] = not state.loaded or state.path is not None
 
 
 def configure(policy: str | Mapping[str, Any] | None) -> None:
@@ -190,7 +195,7 @@ def reload() -> None:
 
 def _swap(state: _PolicyState) -> None:
     _current[0] = state
-    watching[0] = not state.loaded or state.path is not None
+    _watch(state)
     _generation.advance()
 
 
