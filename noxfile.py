@@ -35,12 +35,19 @@ MATRIX = {  # id: (Python, megatron-core, what runs)
     "mcore018": (  # the first release with models/hybrid
         "3.12",
         "megatron-core==0.18.2",
-        ["tests/core", "tests/adapters", "tests/plugins", "tests/zero_edit", "tests/distributed"],
+        [
+            "tests/core",
+            "tests/adapters",
+            "tests/plugins",
+            "tests/zero_edit",
+            "tests/distributed",
+            "tests/stress",
+        ],
     ),
     "mcore016": (
         "3.11",
         "megatron-core==0.16.1",
-        ["tests/core", "tests/adapters", "tests/plugins", "tests/zero_edit"],
+        ["tests/core", "tests/adapters", "tests/plugins", "tests/zero_edit", "tests/stress"],
     ),
 }
 # The frameworks the plugin tests run against for real (with megatron-core 0.19.2): veRL without

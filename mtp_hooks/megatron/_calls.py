@@ -17,8 +17,12 @@ exception: a call that changed nothing removes its own record in its forward hoo
 lock (one atomic ``list.remove``). So these functions read the list through snapshots, and a
 record of such a call may vanish under them. The forward hook finds its record by the kwargs
 dict it shares with the pre-hook, and by the frame when a later pre-hook replaced that dict.
-:data:`CALLERS` names the frame running a call; :func:`copy_gate` makes the gate of a
-deep-copied model.
+:func:`copy_gate` makes the gate of a deep-copied model.
+
+Frames are only ever read in the thread that runs them: the hooks name their caller with
+``sys._getframe(1)``, and :func:`prune` walks the calling thread's own stack. A stack another
+thread is running changes under the reader between two bytecodes, and reading ``f_back``
+through one crashed CPython 3.11 (``tests/stress``).
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import copy
 import sys
 import threading
 import weakref
-from collections.abc import Iterator
 from types import FrameType
 from typing import Any, Final
 
@@ -49,23 +52,36 @@ _set = object.__setattr__
 def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> bool:
     """Drop the records of calls that are over (``finished`` counts as over), newest first,
     putting back on ``module`` what each changed. Only interrupted calls leave such records.
-    Returns whether one of them was the calling thread's."""
+    Returns whether one of them was the calling thread's.
+
+    Only the calling thread's own stack is walked, so another thread's record counts as
+    running while that thread lives. That thread repairs it at its next forward of the model
+    (or its ``remove()``/``detach()``), and any thread does once that thread has ended.
+    """
     me = threading.get_ident()
     mine = False
     records = frames[:]
-    others = sys._current_frames() if other_thread(records, me) else {}
+    alive = _live_threads() if other_thread(records, me) else ()
     here = sys._getframe()
     for record in reversed(records):
         thread, owner, restore = record[:3]
-        top = here if thread == me else others.get(thread)
-        if owner is not None and owner is not finished and _on_stack(owner, top):
-            continue
+        if owner is not None and owner is not finished:
+            if thread != me and thread in alive:
+                continue
+            if thread == me and _on_stack(owner, here):
+                continue
         if not _discard(frames, record):
             continue  # a call that changed nothing, which just ended and removed it itself
         mine = mine or thread == me
         if restore is not None:
             put_back(module, restore)
     return mine
+
+
+def _live_threads() -> set[int]:
+    """The idents of the threads running now (only the keys of ``sys._current_frames()`` are
+    kept: its frames belong to running threads and are never walked)."""
+    return set(sys._current_frames())
 
 
 def put_back(module: Any, gates: tuple[Any, Any]) -> None:
@@ -113,22 +129,9 @@ def refuse_concurrent(frames: list[Frame], module: Any, decision: str) -> None:
         f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "
         "other way. The MTP gates are attributes of the shared model, so two threads cannot "
         "hold different decisions at once. Forward one model per thread, or serialize the "
-        "forwards of this model."
+        "forwards of this model. (A forward that thread started and a KeyboardInterrupt "
+        "ended counts as running until that thread forwards the model again or ends.)"
     )
-
-
-def _callers() -> Iterator[FrameType]:
-    here = sys._getframe()  # this generator's own frame; its f_back is whoever resumes it
-    while True:
-        yield here.f_back.f_back  # type: ignore[union-attr, misc]
-
-
-# ``next(CALLERS)`` is the frame that called the function calling ``next``: ``sys._getframe(1)``
-# there, without its audit event. Processes that import ``filelock`` (all that import
-# ``transformers``) run a Python audit hook on every event, which makes ``sys._getframe`` cost as
-# much as the rest of a gate; a generator's frame reaches its resumer through ``f_back`` with no
-# event. It raises ``ValueError`` while another thread is resuming it: use ``sys._getframe`` then.
-CALLERS: Final = _callers()
 
 
 def _on_stack(frame: FrameType, top: FrameType | None) -> bool:

@@ -37,7 +37,6 @@ _getframe = sys._getframe
 _RESTORE: Final = _calls.RESTORE
 _SETTLE: Final = _calls.SETTLE
 _KWARGS: Final = _calls.KWARGS
-_CALLERS: Final = _calls.CALLERS
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
@@ -81,10 +80,7 @@ class MTPGate(GateState):
         """
         cached: Entry  # set where a decision is made (run is not None)
         if owner is None:
-            try:
-                owner = next(_CALLERS)  # torch's frame running this call
-            except ValueError:  # another thread is in the generator this instant
-                owner = _getframe(1)
+            owner = _getframe(1)  # torch's frame running this call
         frames = self.frames
         if frames:  # a running call (nesting, another thread) or an interrupted one
             with self.lock:

@@ -7,6 +7,8 @@ torch runs ``always_call`` forward hooks for ``Exception`` only. After a ``Keybo
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
@@ -142,3 +144,23 @@ def test_remove_in_the_middle_of_a_skipped_forward_waits_for_it_to_return(build,
     assert seen == [(False, False)]  # still the skipped state: no flip half-way
     assert model.mtp_process is True and model.config is config
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_a_call_interrupted_in_a_thread_that_has_ended_is_repaired_by_another(build, batch):
+    model = build()
+    shared = model.config
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    worker = threading.Thread(
+        target=interrupt_inside_forward, args=(model, batch, KeyboardInterrupt())
+    )
+    worker.start()
+    worker.join(60)
+    assert model.mtp_process is False or model.config is not shared  # left skipped
+    mtp_hooks.configure("train=run")
+    seen = []
+    model.decoder.register_forward_pre_hook(
+        lambda m, a: seen.append((model.mtp_process, model.config is shared))
+    )
+    model(*batch.args(), labels=batch.labels)
+    assert seen == [(True, True)] and handle.gates[0].frames == []
