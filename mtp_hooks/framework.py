@@ -9,6 +9,7 @@ plugin was configured with; with it, a plugin's vote can be declared :func:`cach
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -128,6 +129,25 @@ def votes_changed() -> None:
     """Tell mtp-hooks that state a :func:`cacheable_vote` depends on has changed: every gate
     asks the plugins again at its next forward."""
     _generation.advance()
+
+
+def framework_imported(package: str) -> bool:
+    """Whether this process has imported ``package``: the test for a plugin's unconfigured
+    defaults.
+
+    A framework's worker processes import the framework before they build a model, and no
+    other job does. A plugin that votes without being configured (in a worker, where the
+    driver's config is out of reach) therefore votes only where this is true, and abstains
+    everywhere else, so that installing it changes no other job. A plugin whose vote is a
+    :func:`cacheable_vote` calls :func:`votes_changed` when the framework is imported, if the
+    framework offers a hook for that (veRL's ``verl.plugins`` entry points).
+
+    Example:
+        >>> from mtp_hooks.framework import framework_imported
+        >>> framework_imported("sys"), framework_imported("no_such_framework")
+        (True, False)
+    """
+    return sys.modules.get(package) is not None
 
 
 def loss_scale_schedule(

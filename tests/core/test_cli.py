@@ -40,7 +40,7 @@ def plugin_dir(tmp_path):
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mtpx-cli\nVersion: 0.4\n")
     (info / "entry_points.txt").write_text("[mtp_hooks]\nmtpx-cli = mtpx_cli\n")
-    # the framework plugins of plugins/ may be installed too, and vote even unconfigured
+    # the framework plugins of plugins/ may be installed too, and vote once configured
     return {"PYTHONPATH": str(tmp_path), "MTP_HOOKS_DISABLE": "verl,nemo,modelopt"}
 
 

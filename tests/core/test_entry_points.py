@@ -24,7 +24,7 @@ def should_run_mtp(model, phase):
 """
 
 
-# The framework plugins of plugins/ may be installed here too, and vote even unconfigured.
+# The framework plugins of plugins/ may be installed here too, and vote once configured.
 FRAMEWORK_PLUGINS = "verl,nemo,modelopt"
 
 

@@ -6,9 +6,13 @@ autoload is back on, and every plugin's configured policy is cleared around each
 
 from __future__ import annotations
 
+import sys
+import types
+
 import pytest
 
 import mtp_hooks
+import mtp_hooks.framework
 import mtp_hooks_modelopt
 import mtp_hooks_nemo
 import mtp_hooks_verl
@@ -39,3 +43,18 @@ def only(monkeypatch):
         mtp_hooks.reset()
 
     return keep
+
+
+@pytest.fixture
+def inside(monkeypatch):
+    """``inside("nemo_rl")``: this process counts as one of that framework's (a stand-in
+    module where the framework is not installed), so unconfigured plugins use their worker
+    defaults; the module is taken out again after the test."""
+
+    def enter(package: str) -> None:
+        monkeypatch.setitem(
+            sys.modules, package, sys.modules.get(package) or types.ModuleType(package)
+        )
+        mtp_hooks.framework.votes_changed()
+
+    return enter

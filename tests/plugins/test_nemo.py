@@ -72,8 +72,9 @@ def test_a_zero_mtp_loss_weight_skips_mtp_in_the_policy_update(policy_model, bat
     assert observe(policy_model, batch, "train") == (False, False)
 
 
-def test_in_a_worker_without_configure_the_models_config_decides(build, only, batch):
+def test_in_a_worker_without_configure_the_models_config_decides(build, only, inside, batch):
     only("nemo")
+    inside("nemo_rl")
     model = build()
     zero_weight = build(mtp_loss_scaling_factor=0.0)
     for m in (model, zero_weight):

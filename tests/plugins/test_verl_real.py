@@ -61,6 +61,40 @@ def test_import_verl_gates_models_built_afterwards_without_any_call():
     assert json.loads(out.stdout.strip().splitlines()[-1]) == {"log_prob_mtp_runs": 0}
 
 
+BEFORE_AND_AFTER = """
+import json, sys, torch
+sys.path.insert(0, {tests!r})
+import mtp_hooks
+from mtp_hooks.demo import tiny_models
+from cpu_stand_ins import install_cpu_memory_buffer
+tiny_models.init_single_process(port={port})
+install_cpu_memory_buffer()
+model = tiny_models.build_gpt(tiny_models.TinySpec(seq_length=16, vocab_size=128))
+mtp_hooks.attach(model)
+runs = tiny_models.MTPForwards(model)
+ids = torch.randint(0, 128, (2, 16)); pos = torch.arange(16)[None].expand(2, -1)
+mask = torch.triu(torch.ones(16, 16, dtype=torch.bool), 1)[None, None].expand(2, 1, 16, 16)
+model.eval()
+counts = []
+for step in range(2):
+    with torch.no_grad():
+        model(ids, pos, mask, labels=torch.roll(ids, -1, 1))
+    counts.append(runs.n)
+    import verl  # noqa: the second forward runs in a veRL process
+print(json.dumps({{"eval_mtp_runs": counts, "explain": mtp_hooks.explain(model, "eval")}}))
+"""
+
+
+def test_a_plain_job_keeps_mtp_until_verl_is_imported_and_then_gets_verls_defaults():
+    base = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    code = BEFORE_AND_AFTER.format(tests=str(TESTS), port=tiny_models.free_port())
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=base)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result["eval_mtp_runs"] == [1, 1]  # ran before import verl, skipped after
+    assert result["explain"].endswith("result: skip (decided by verl)")
+
+
 def test_mtp_hooks_auto_0_keeps_it_off():
     out = run_worker(MTP_HOOKS_AUTO="0")
     assert out.returncode == 0, out.stderr[-2000:]

@@ -13,7 +13,9 @@ is set and otherwise the model's own config, which every worker process can see:
 
 It abstains for models without MTP and for a config whose ``megatron_cfg.enabled`` is false
 (that policy does not run on Megatron). Without :func:`configure` (in a Ray worker, say) it
-decides from the model's config alone.
+decides from the model's config alone, and only in a process that has imported ``nemo_rl``, as
+NeMo-RL's workers have; unconfigured, in any other process, it abstains, so installing it
+changes no other job.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from typing import Any
 
 import mtp_hooks
 from mtp_hooks import Phase, PolicyError
-from mtp_hooks.framework import RoleSettings, as_mapping, read_key
+from mtp_hooks.framework import RoleSettings, as_mapping, framework_imported, read_key
 
 __all__ = [
     "NemoMTPConfig",
@@ -95,7 +97,7 @@ def configure(
         >>> import mtp_hooks_nemo
         >>> mtp_hooks_nemo.configure({"enabled": True, "mtp_num_layers": 1})
         NemoMTPConfig(enabled=True, mtp_num_layers=1, mtp_loss_scaling_factor=None, \
-compute_mtp_in_eval=False)
+compute_mtp_in_eval=False, configured=True)
     """
     where = f"{role}.megatron_cfg" if role and role != "policy" else WHERE
     config = _parse(as_mapping(megatron_cfg, where), where, compute_mtp_in_eval)
@@ -179,8 +181,13 @@ WORKER_DEFAULT = NemoMTPConfig(configured=False)
 
 
 def vote(model: Any, phase: Any) -> bool | None:
-    """The plugin's vote: the configured policy for the model's role, else the worker default."""
-    config = current(mtp_hooks.role_of(model)) or WORKER_DEFAULT
+    """The plugin's vote: the configured policy for the model's role, else the worker default
+    where ``nemo_rl`` is imported, else ``None`` (abstain)."""
+    config = current(mtp_hooks.role_of(model))
+    if config is None:
+        if not framework_imported("nemo_rl"):
+            return None
+        config = WORKER_DEFAULT
     return config.decide(model, phase)
 
 

@@ -11,8 +11,11 @@ rollout engine). With :func:`configure` this plugin maps it to phases:
 
 In a veRL worker process, where the driver's config object is out of reach, it votes *skip*
 for ``eval`` and ``rollout`` and abstains in ``train``, where veRL's own ``mtp_patch`` decides
-from the labels it passes. Importing ``verl`` turns on auto-attach (the ``verl.plugins`` entry
-point, :mod:`mtp_hooks_verl.verl_entry`), so worker models are gated without code changes.
+from the labels it passes. These worker defaults apply only in a process that has imported
+``verl``, as every veRL worker has; unconfigured, in any other process, the plugin abstains, so
+installing it changes no other job. Importing ``verl`` turns on auto-attach (the
+``verl.plugins`` entry point, :mod:`mtp_hooks_verl.verl_entry`), so worker models are gated
+without code changes.
 
 Speculative decoding stays with the rollout engine: mtp-hooks never touches a forward under
 megatron's ``InferenceMode`` or with an inference context.
@@ -24,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mtp_hooks import Phase, PolicyError, role_of
-from mtp_hooks.framework import RoleSettings, as_mapping, read_key
+from mtp_hooks.framework import RoleSettings, as_mapping, framework_imported, read_key
 
 __all__ = ["VerlMTPConfig", "configure", "current", "reset", "vote"]
 
@@ -67,7 +70,7 @@ def configure(mtp_config: Any) -> VerlMTPConfig:
     Example:
         >>> import mtp_hooks_verl
         >>> mtp_hooks_verl.configure({"enable": True, "enable_train": True})
-        VerlMTPConfig(enable=True, enable_train=True, enable_rollout=False)
+        VerlMTPConfig(enable=True, enable_train=True, enable_rollout=False, configured=True)
     """
     cfg = as_mapping(mtp_config, WHERE)
     enable = read_key(cfg, "enable", bool, WHERE)
@@ -86,7 +89,8 @@ def configure(mtp_config: Any) -> VerlMTPConfig:
 
 
 def current() -> VerlMTPConfig | None:
-    """The configured policy, or ``None`` before :func:`configure` (the worker default votes)."""
+    """The configured policy, or ``None`` before :func:`configure` (then the worker default
+    votes where ``verl`` is imported)."""
     return _settings.get(None)
 
 
@@ -96,5 +100,11 @@ def reset() -> None:
 
 
 def vote(model: Any, phase: Any) -> bool | None:
-    """The plugin's vote for one forward of ``model``."""
-    return (current() or WORKER_DEFAULT).decide(phase, role_of(model))
+    """The plugin's vote for one forward of ``model``: the configured policy, else the worker
+    default where ``verl`` is imported, else ``None`` (abstain)."""
+    config = current()
+    if config is None:
+        if not framework_imported("verl"):
+            return None
+        config = WORKER_DEFAULT
+    return config.decide(phase, role_of(model))

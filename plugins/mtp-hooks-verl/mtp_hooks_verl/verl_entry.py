@@ -4,6 +4,9 @@ veRL loads every ``verl.plugins`` entry point when it is imported, in the driver
 worker, and logs a plugin's import error at debug level only. This module therefore reports its
 own failure loudly (a warning on stderr and in the log) and never raises into veRL.
 ``MTP_HOOKS_AUTO=0`` leaves auto-attach off.
+
+It also tells mtp-hooks that ``verl`` is now imported: the plugin's worker defaults apply from
+here on, so a decision a gate cached while the plugin abstained must be taken again.
 """
 
 from __future__ import annotations
@@ -16,11 +19,12 @@ _OFF = {"0", "false", "no", "off"}
 
 
 def _start() -> None:
-    if os.environ.get("MTP_HOOKS_AUTO", "").strip().lower() in _OFF:
-        return
     try:
-        import mtp_hooks
+        import mtp_hooks.framework
 
+        mtp_hooks.framework.votes_changed()
+        if os.environ.get("MTP_HOOKS_AUTO", "").strip().lower() in _OFF:
+            return
         mtp_hooks.auto_attach()
     except Exception as exc:  # veRL would swallow it at debug level
         message = (
