@@ -14,12 +14,14 @@ import pytest
 
 import mtp_hooks
 
-MTP_ENV_VARS = (
+MTP_ENV_VARS = (  # every variable mtp_hooks and plugins/ read (tests/core/test_fresh_state.py)
     "MTP_HOOKS_POLICY",
     "MTP_HOOKS_CONFIG",
+    "MTP_HOOKS_CONFIG_POLL",
     "MTP_HOOKS_DISABLE",
     "MTP_HOOKS_TRACE",
     "MTP_HOOKS_VERIFY",
+    "MTP_HOOKS_AUTO",
 )
 
 
