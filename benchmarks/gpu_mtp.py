@@ -1,6 +1,9 @@
 """GPU benchmark: skipping MTP through mtp-hooks against a model built without MTP.
 
-Run on one GPU: ``python benchmarks/gpu_mtp.py --model gpt|hybrid [--out DIR]``.
+Run on one GPU: ``python benchmarks/gpu_mtp.py --model gpt|hybrid [--spec local|te]
+[--fp8 delayed|tensorwise] [--out DIR]``. ``--spec te`` builds megatron's Transformer Engine
+layer specs (the default of Megatron-LM's ``pretrain_gpt.py``); ``--fp8`` trains and runs them in
+FP8 with that recipe (``fp8="hybrid"``).
 
 Five cases, measured round-robin in one process so drift hits all of them alike:
 
@@ -59,12 +62,17 @@ def build(kind: str, mtp: bool, args):
         bias=False,
         params_dtype=torch.bfloat16,
     )
+    impl = {"attention": args.attention}
+    if args.spec == "te":
+        impl = {"transformer_impl": "transformer_engine"}
+    if args.fp8:
+        impl.update(fp8="hybrid", fp8_recipe=args.fp8)
     torch.manual_seed(0)
     if kind == "gpt":
-        model = tiny_models.build_gpt(spec, attention=args.attention)
+        model = tiny_models.build_gpt(spec, **impl)
     else:
         pattern = "*-" * args.layers + ("/*-" if mtp else "")
-        model = tiny_models.build_hybrid(spec, attention=args.attention, pattern=pattern)
+        model = tiny_models.build_hybrid(spec, pattern=pattern, **impl)
     return model.to(device=args.device, dtype=torch.bfloat16)  # as Float16Module does
 
 
@@ -175,6 +183,8 @@ def run(args) -> dict:
     return {
         "benchmark": "gpu_mtp",
         "model": args.model,
+        "spec": args.spec,
+        "fp8": args.fp8,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "megatron_core": importlib.metadata.version("megatron-core"),
@@ -208,7 +218,8 @@ def projection_ms(model, labels, args) -> float:
 def table(result: dict) -> str:
     cases = result["cases"]
     lines = [
-        f"**{result['model']}** on {result['gpu']}, megatron-core {result['megatron_core']}, "
+        f"**{result['model']}**, {_precision(result)}, on {result['gpu']}, "
+        f"megatron-core {result['megatron_core']}, "
         f"{result['mtp_model_params'] / 1e9:.2f}B params "
         f"({result['mtp_params'] / 1e9:.2f}B in MTP); "
         f"median of {result['iters']} after {result['warmup']} warm-ups, cases interleaved.",
@@ -257,6 +268,23 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _precision(result: dict) -> str:
+    """How the benchmarked model was built: layer spec and precision."""
+    spec = "TE layer specs" if result.get("spec") == "te" else "local layer specs"
+    fp8 = result.get("fp8")
+    return f"{spec}, " + (f"FP8 {fp8} recipe" if fp8 else "bf16")
+
+
+def _stem(result: dict) -> str:
+    """The results file name: gpu_mtp_<model>[_te][_<fp8 recipe>]."""
+    parts = [f"gpu_mtp_{result['model']}"]
+    if result.get("spec") == "te":
+        parts.append("te")
+    if result.get("fp8"):
+        parts.append(result["fp8"])
+    return "_".join(parts)
+
+
 def plot(results: list[dict], path: str) -> None:
     import matplotlib
 
@@ -273,7 +301,10 @@ def plot(results: list[dict], path: str) -> None:
         ax.bar([i + 0.2 for i in x], fwd, width=0.4, label="forward only")
         ax.set_xticks(list(x), [LABELS[c].split(") ")[0] + ")" for c in CASES])
         ax.set_ylabel("median ms")
-        ax.set_title(f"{result['model']}: {result['mtp_model_params'] / 1e9:.2f}B, {result['gpu']}")
+        ax.set_title(
+            f"{result['model']} ({_precision(result)}): "
+            f"{result['mtp_model_params'] / 1e9:.2f}B, {result['gpu']}"
+        )
         ax.legend()
     fig.suptitle("(a) MTP, no hooks (b) run (c) skip (d) built without MTP (e) run, eval +metrics")
     fig.tight_layout()
@@ -283,6 +314,8 @@ def plot(results: list[dict], path: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=["gpt", "hybrid"], default="gpt")
+    parser.add_argument("--spec", choices=["local", "te"], default="local")
+    parser.add_argument("--fp8", choices=["delayed", "tensorwise"], default=None)
     parser.add_argument("--hidden", type=int, default=4096)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--ffn", type=int, default=14336)
@@ -304,10 +337,10 @@ def main() -> None:
     print(table(result))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"gpu_mtp_{args.model}.json"), "w") as fh:
+        with open(os.path.join(args.out, f"{_stem(result)}.json"), "w") as fh:
             json.dump(result, fh, indent=2)
         try:
-            plot([result], os.path.join(args.out, f"gpu_mtp_{args.model}.png"))
+            plot([result], os.path.join(args.out, f"{_stem(result)}.png"))
         except ImportError:
             print("matplotlib not installed: no chart (use --plot later)", file=sys.stderr)
 

@@ -117,10 +117,20 @@ def _swap_attention(layer_spec: Any, attention: str) -> Any:
     return layer_spec
 
 
+def _check_impl(transformer_impl: str) -> bool:
+    """Whether ``transformer_impl`` asks for Transformer Engine modules."""
+    if transformer_impl not in ("local", "transformer_engine"):
+        raise ValueError(
+            f"transformer_impl must be 'local' or 'transformer_engine', not {transformer_impl!r}"
+        )
+    return transformer_impl == "transformer_engine"
+
+
 def build_gpt(
     spec: TinySpec | None = None,
     *,
     attention: str = "local",
+    transformer_impl: str = "local",
     pre_process: bool = True,
     post_process: bool = True,
     share_embeddings: bool = False,
@@ -133,6 +143,10 @@ def build_gpt(
     Args:
         spec: Sizes; the defaults give a model of a few hundred thousand parameters.
         attention: ``"local"`` (megatron's ``DotProductAttention``) or ``"sdpa"``.
+        transformer_impl: ``"local"`` (megatron's own modules, which run on a CPU) or
+            ``"transformer_engine"`` (megatron's Transformer Engine layer and MTP specs, as
+            Megatron-LM's ``--transformer-impl transformer_engine``; CUDA only, and
+            ``attention`` is then TE's).
         pre_process: Build the embedding (False mimics a later pipeline stage).
         post_process: Build the output layer.
         share_embeddings: ``share_embeddings_and_output_weights``.
@@ -141,18 +155,20 @@ def build_gpt(
             a pipeline stage that holds no MTP layer.
         **config_overrides: Extra ``TransformerConfig`` fields.
     """
-    from megatron.core.models.gpt import GPTModel
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec,
-        get_gpt_mtp_block_spec,
-    )
+    from megatron.core.models.gpt import GPTModel, gpt_layer_specs
 
     spec = spec or TinySpec()
     config = _config(spec, **config_overrides)
-    layer_spec = _swap_attention(get_gpt_layer_local_spec(), attention)
+    te = _check_impl(transformer_impl)
+    if te:
+        layer_spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    else:
+        layer_spec = _swap_attention(gpt_layer_specs.get_gpt_layer_local_spec(), attention)
     mtp_spec = None
     if spec.mtp_num_layers and with_mtp_block:
-        mtp_spec = get_gpt_mtp_block_spec(config, layer_spec, use_transformer_engine=False)
+        mtp_spec = gpt_layer_specs.get_gpt_mtp_block_spec(
+            config, layer_spec, use_transformer_engine=te
+        )
     return (model_cls or GPTModel)(
         config=config,
         transformer_layer_spec=layer_spec,
@@ -170,6 +186,7 @@ def build_hybrid(
     spec: TinySpec | None = None,
     *,
     attention: str = "local",
+    transformer_impl: str = "local",
     pattern: str | None = None,
     pre_process: bool = True,
     post_process: bool = True,
@@ -183,6 +200,8 @@ def build_hybrid(
         spec: Sizes. ``spec.num_layers`` attention+MLP pairs are built unless ``pattern`` is given.
         attention: ``"local"`` or ``"sdpa"``.
         pattern: A hybrid layer pattern such as ``"*-*-/*-"``; ``/`` starts each MTP depth.
+        transformer_impl: ``"local"``, or ``"transformer_engine"`` for megatron's own
+            TE-based ``hybrid_stack_spec`` (CUDA only).
         pre_process, post_process, share_embeddings, model_cls, config_overrides: As for
             :func:`build_gpt`.
     """
@@ -193,9 +212,13 @@ def build_hybrid(
         pattern = "*-" * spec.num_layers + "/*-" * (spec.mtp_num_layers or 0)
     main_layers = len(pattern.split("/")[0])
     config = _config(spec, num_layers=main_layers, **config_overrides)
+    if _check_impl(transformer_impl):
+        from megatron.core.models.hybrid.hybrid_layer_specs import hybrid_stack_spec
+    else:
+        hybrid_stack_spec = _local_specs.hybrid_stack_spec(attention)
     return (model_cls or HybridModel)(
         config=config,
-        hybrid_stack_spec=_local_specs.hybrid_stack_spec(attention),
+        hybrid_stack_spec=hybrid_stack_spec,
         vocab_size=spec.vocab_size,
         max_sequence_length=spec.seq_length,
         hybrid_layer_pattern=pattern,

@@ -165,7 +165,8 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     new.ddp = DDPState(memo[id(model)], [])
     new.base = copy.deepcopy(gate.base, memo)
     new.frames = [(0, None, new.base, False, None)] if gate.frames else []
-    new.counts, new.cache, new.loss_scales, new.last_run, new.recorder = {}, {}, {}, None, None
+    new.counts, new.cache, new.loss_scales, new.recorder = {}, {}, {}, None
+    new.policy_checked = -1
     new.views = Views()
     new.lock, new.removed = threading.Lock(), False
     memo[id(gate)] = new

@@ -64,14 +64,6 @@ def inference_arguments(cls: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
     return tuple(names), tuple(positions)
 
 
-def uses_cuda_graphs(config: Any) -> bool:
-    """Whether ``config`` records local or Transformer-Engine CUDA graphs."""
-    impl = getattr(config, "cuda_graph_impl", "none")
-    return impl in ("local", "transformer_engine") or bool(
-        getattr(config, "enable_cuda_graph", False)
-    )
-
-
 def tied_mtp_stage(model: Any) -> bool:
     """An MTP pipeline stage without ``pre_process`` whose output layer ties to the embedding:
     there, turning ``mtp_process`` off switches the logits to another weight."""

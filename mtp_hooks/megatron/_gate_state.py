@@ -17,7 +17,7 @@ from typing import Any, cast
 import torch
 
 from .. import _decision, _roles, _sources
-from . import _calls, _capabilities, _distributed, _recorder, _refusals
+from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _refusals
 from ._config_view import Views
 
 # A cached decision: (generation, run, the phase's counters, loss weight or None, metrics)
@@ -39,14 +39,14 @@ class GateState:
         self.verify = verify
         self.ddp = ddp
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
-        self.cuda_graphs = _capabilities.uses_cuda_graphs(model.config)
-        self.checks = verify or self.cuda_graphs  # a per-call check: decide at every call
+        self.local_graphs = _cuda_graphs.implementation(model.config) == "local"
+        self.checks = verify or self.local_graphs  # a per-call check: decide at every call
+        self.policy_checked = -1  # the generation whose policy local graphs were checked for
         _refusals.refuse_unsupported_config(model.config)
         self.frames: list[_calls.Frame] = []
         self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched]
         self.cache: dict[Any, Entry] = {}  # phase -> _decide's entry
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
-        self.last_run: bool | None = None
         self.recorder: _recorder.Recorder | None = None  # made by the first +metrics decision
         self.views = Views()  # the configs skipped and re-weighted calls run with
         self.lock = threading.Lock()
@@ -91,12 +91,15 @@ class GateState:
         weight)``, cached while nothing a decision depends on changes and no per-call check
         is on."""
         generation = _sources.generation()
-        decision, cacheable = _decision.decide_normalized(module, phase, _roles.role_of(module))
+        role = _roles.role_of(module)
+        if self.local_graphs and self.policy_checked != generation:
+            _cuda_graphs.check_policy(module, role)  # at the first forward, before any step
+            self.policy_checked = generation
+        decision, cacheable = _decision.decide_normalized(module, phase, role)
         if self.verify:
             _distributed.verify_agreement(decision, phase)
-        if self.cuda_graphs:
-            _refusals.check_cuda_graph_decision(self.last_run, decision.run, self.base[1])
-            self.last_run = decision.run
+        if self.local_graphs and decision.run:
+            _cuda_graphs.check_replayable(module)
         counters = self._counters(phase)
         entry = (generation, decision.run, counters, decision.loss_scale, decision.metrics)
         if cacheable:

@@ -32,8 +32,11 @@ def refuse_unsupported_config(config: Any) -> None:
     if impl == "full_iteration" or any("full_iteration" in str(s) for s in scopes):
         raise UnsupportedModelError(
             "mtp_hooks.attach: full-iteration CUDA graphs (cuda_graph_impl='full_iteration') "
-            "replay the whole iteration without calling the model, so forward hooks never run. "
-            "Use cuda_graph_impl='none' or 'local' with a constant MTP policy."
+            "capture the whole training iteration, and megatron's evaluate() a validation "
+            "iteration of its own, after cuda_graph_warmup_steps; their replays call no forward "
+            "hook, so a decision would be frozen at capture and a later policy change silently "
+            "ignored. Use per-layer graphs (cuda_graph_impl='local' or 'transformer_engine'), "
+            "which mtp-hooks supports, or cuda_graph_impl='none'."
         )
 
 
@@ -56,16 +59,3 @@ def refuse_compiling() -> None:
         "with always_call=True do not run when forward raises. Run it uncompiled, or "
         "mtp_hooks.detach() it first."
     )
-
-
-def check_cuda_graph_decision(last_run: bool | None, run: bool, config: Any) -> None:
-    """Refuse a decision that differs from the last one on a model with CUDA graphs."""
-    if last_run is not None and last_run != run:
-        impl = getattr(config, "cuda_graph_impl", "local")
-        raise UnsupportedModelError(
-            f"mtp_hooks: the MTP decision changed from {'run' if last_run else 'skip'}"
-            f" to {'run' if run else 'skip'} on a model with CUDA graphs "
-            f"(cuda_graph_impl={impl!r}); a graph recorded one way fails the other way "
-            "('no matching cudagraph runners'). Keep the policy constant for this model, "
-            "or set cuda_graph_impl='none'."
-        )

@@ -157,29 +157,92 @@ def test_a_mode_that_bypasses_forward_hooks_is_refused_at_attach(
     assert not model._forward_pre_hooks
 
 
-def test_a_decision_change_under_local_cuda_graphs_is_refused(build, batch):
-    model = build()
-    model.config = config = copy.copy(model.config)
-    config.cuda_graph_impl = "local"
-    mtp_hooks.attach(model)
-    mtp_hooks.configure("train=run,rollout=skip")
-    model(*batch.args(), labels=batch.labels)
-    with mtp_hooks.phase("rollout"), pytest.raises(mtp_hooks.UnsupportedModelError) as info:
-        model(*batch.args(), labels=batch.labels)
-    assert "cuda_graph_impl='local'" in str(info.value) and "from run to skip" in str(info.value)
-    assert model.config is config and model.mtp_process is True
-
-
-def test_a_constant_decision_under_local_cuda_graphs_is_fine(build, batch):
-    model = build()
+def graphed(model, impl: str):
+    """``model`` with a config of its own that declares ``impl`` CUDA graphs (the graphs
+    themselves need CUDA; the gate only reads the config)."""
+    if impl == "transformer_engine" and type(model).__name__ == "HybridModel":
+        pytest.skip("HybridModel reads the TE graph list that only a CUDA build creates")
     model.config = copy.copy(model.config)
-    model.config.cuda_graph_impl = "local"
+    model.config.cuda_graph_impl = impl
+    return model
+
+
+@pytest.mark.parametrize("impl", ["local", "transformer_engine"])
+def test_under_cuda_graphs_mtp_in_training_and_not_in_evaluation_works(
+    build, batch, count_mtp, impl
+):
+    model = graphed(build(), impl)
+    counter = count_mtp(model)
     handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("train=skip,rollout=skip")
-    model(*batch.args(), labels=batch.labels)
-    with mtp_hooks.phase("rollout"):
+    mtp_hooks.configure("train=run,eval=skip,rollout=skip")
+    for _ in range(3):
+        model(*batch.args(), labels=batch.labels).sum().backward()
+    model.eval()
+    with torch.no_grad():
         model(*batch.args(), labels=batch.labels)
-    assert handle.stats() == {"rollout": {"skip": 1}, "train": {"skip": 1}}
+        with mtp_hooks.phase("rollout"):
+            model(*batch.args())
+    assert counter.n == 3
+    assert handle.stats() == {"train": {"run": 3}, "eval": {"skip": 1}, "rollout": {"skip": 1}}
+
+
+def test_under_local_cuda_graphs_the_first_training_forward_refuses_mtp_run_only_outside_training(
+    build, batch, count_mtp
+):
+    model = graphed(build(), "local")
+    config, counter = model.config, count_mtp(model)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip,eval=run,rollout=skip")
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as info:
+        model(*batch.args(), labels=batch.labels)
+    message = str(info.value)
+    assert "eval=run" in message and "rollout" not in message
+    assert "cuda_graph_impl='local'" in message and "train=run, eval=skip works" in message
+    assert model.config is config and model.mtp_process is True and counter.n == 0
+
+
+def test_under_transformer_engine_cuda_graphs_any_policy_is_followed(build, batch, count_mtp):
+    model = graphed(build(), "transformer_engine")
+    counter = count_mtp(model)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip,eval=run")
+    model(*batch.args(), labels=batch.labels).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)
+    assert counter.n == 1
+
+
+class GraphManagerStandIn:
+    """Test-side stand-in for megatron's CUDA-only ``CudaGraphManager``: no graph recorded
+    yet, and the layer runs eagerly."""
+
+    def __init__(self) -> None:
+        self.cudagraph_runners: list[object] = []
+
+    def __call__(self, module, args, kwargs):
+        return torch.nn.Module.__call__(module, *args, **kwargs)
+
+
+def test_local_graphs_created_without_the_mtp_layers_refuse_a_later_run(
+    build, batch, count_mtp, monkeypatch
+):
+    from megatron.core.transformer import cuda_graphs
+
+    model = graphed(build(), "local")
+    counter = count_mtp(model)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run")
+    model(*batch.args(), labels=batch.labels)  # before megatron creates its graphs: fine
+    layer = next(m for m in model.mtp.modules() if type(m).__name__ == "TransformerLayer")
+    monkeypatch.setattr(layer, "cudagraph_manager", GraphManagerStandIn(), raising=False)
+    monkeypatch.setattr(cuda_graphs._CudagraphGlobalRecord, "cudagraph_created", True)
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="a decision to run MTP now"):
+        model(*batch.args(), labels=batch.labels)
+    assert counter.n == 1
+    layer.cudagraph_manager.cudagraph_runners.append(object())  # the MTP layer was graphed
+    model(*batch.args(), labels=batch.labels)
+    assert counter.n == 2
 
 
 def test_a_pipeline_stage_without_mtp_is_attached_and_never_touched(batch, voter):
