@@ -70,6 +70,11 @@ PLUGINS = sorted(
     for name in os.listdir("plugins")
     if os.path.exists(f"plugins/{name}/pyproject.toml")
 )
+# The plugins' own modules, for the doctests; the veRL entry point turns auto-attach on when
+# imported, which only a veRL process should do.
+PLUGIN_PACKAGES = [f"{path}/{os.path.basename(path).replace('-', '_')}" for path in PLUGINS] + [
+    "--ignore=plugins/mtp-hooks-verl/mtp_hooks_verl/verl_entry.py"
+]
 
 
 def _install_project(session: nox.Session, python: str, megatron: str) -> None:
@@ -101,7 +106,7 @@ def tests(session: nox.Session, entry: str) -> None:
         session.install("--no-deps", *FRAMEWORKS_NO_DEPS)
         session.install(*FRAMEWORKS)
         if not session.posargs:
-            session.run("pytest", "--doctest-modules", "mtp_hooks")
+            session.run("pytest", "--doctest-modules", "mtp_hooks", *PLUGIN_PACKAGES)
     session.run("pytest", *(session.posargs or paths))
 
 
@@ -123,7 +128,7 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python="3.12")
 def types(session: nox.Session) -> None:
-    """mypy --strict on the mtp_hooks package ([tool.mypy] in pyproject.toml)."""
+    """mypy --strict on mtp_hooks and the plugins ([tool.mypy] in pyproject.toml)."""
     _install_project(session, "3.12", MATRIX["mcore019"][1])
     session.install(MYPY)
     session.run("mypy")

@@ -19,10 +19,11 @@ from ._errors import (
     PluginLoadError,
     PolicyConflictError,
     PolicyError,
+    UnknownPluginError,
     UnsupportedModelError,
 )
 from ._metrics import MTPMetrics
-from ._phases import Phase, current_phase, declare_phase, phase
+from ._phases import Phase, PhaseLike, current_phase, declare_phase, phase
 from ._roles import role_of, set_role
 from ._sources import configure, reload
 from .hookspecs import hookimpl, hookspec  # noqa: F401  (kept importable, not advertised)
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 # What the package advertises (``from mtp_hooks import *``, the docs). ``reset`` (for tests),
 # ``hookspec`` and ``get_plugin_manager`` (for plugin authors: mtp_hooks.hookspecs and
-# mtp_hooks.plugins) stay importable from here, as in 0.1, without being advertised.
+# mtp_hooks.plugins) stay importable from here without being advertised.
 __all__ = [
     "AttachHandle",
     "Decision",
@@ -41,10 +42,12 @@ __all__ = [
     "MTPHooksError",
     "MTPMetrics",
     "Phase",
+    "PhaseLike",
     "PluginError",
     "PluginLoadError",
     "PolicyConflictError",
     "PolicyError",
+    "UnknownPluginError",
     "UnsupportedModelError",
     "attach",
     "auto_attach",
@@ -69,12 +72,25 @@ _MEGATRON_NAMES = {"AttachHandle", "attach", "auto_attach", "detach", "freeze_mt
 
 
 def __getattr__(name: str) -> Any:
-    # The Megatron adapters import torch and megatron-core, so they load on first use only.
+    # The Megatron adapters import torch and megatron-core, so they load on first use only;
+    # the version is read from the installed distribution when asked for.
     if name in _MEGATRON_NAMES:
         from . import megatron
 
         return getattr(megatron, name)
+    if name == "__version__":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return version("mtp-hooks")
+        except PackageNotFoundError:
+            return "0+unknown"
     raise AttributeError(f"module 'mtp_hooks' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, with the lazily loaded ones (``attach`` and the rest)."""
+    return sorted(set(globals()) | _MEGATRON_NAMES | {"__version__"})
 
 
 def reset() -> None:

@@ -12,7 +12,9 @@ The outcome never depends on pluggy's call order.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, Literal
 
 from . import _phases, _roles, _sources
@@ -24,7 +26,10 @@ _memo: dict[tuple[str | None, Any], Decision] = {}  # config decisions of this g
 _memo_generation = [-1]
 
 
-@dataclass(frozen=True)
+_NO_VOTES: Mapping[str, bool | None] = MappingProxyType({})
+
+
+@dataclass(frozen=True, kw_only=True)
 class Decision:
     """The outcome of :func:`decide` for one model and phase.
 
@@ -32,8 +37,9 @@ class Decision:
         run: Whether MTP runs.
         kind: What decided: ``"config"``, ``"plugins"`` or ``"default"``.
         voters: The plugins whose (agreeing) votes decided, for ``kind="plugins"``; else empty.
-        votes: Each consulted plugin's vote (``True``, ``False`` or ``None``), by plugin name.
-            Empty when the config decided, since plugins are not consulted then.
+        votes: Each consulted plugin's vote (``True``, ``False`` or ``None``), by plugin name,
+            read-only: decisions are cached and shared. Empty when the config decided, since
+            plugins are not consulted then.
         phase: The phase decided for.
         role: The model's role, or ``None``.
         source: Where a config decision came from (``mtp_hooks.configure()``, an env var or a
@@ -48,7 +54,7 @@ class Decision:
     run: bool
     kind: Literal["config", "plugins", "default"]
     voters: tuple[str, ...] = ()
-    votes: dict[str, bool | None] = field(default_factory=dict)
+    votes: Mapping[str, bool | None] = field(default=_NO_VOTES)
     phase: _phases.Phase | str | None = None
     role: str | None = None
     source: str | None = None
@@ -58,8 +64,8 @@ class Decision:
 
     @property
     def decided_by(self) -> str:
-        """``kind``, or for plugins their names joined by commas: the form 0.1 gave, for
-        display (a plugin may be named ``default``; compare ``kind`` and ``voters`` instead)."""
+        """``kind``, or for plugins their names joined by commas, for display (a plugin may be
+        named ``default``; compare ``kind`` and ``voters`` instead)."""
         return ",".join(self.voters) if self.kind == "plugins" else self.kind
 
 
@@ -91,7 +97,7 @@ def _with_plugin_loss_scale(
 
 
 def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
-    votes = dict(sorted(_registry().votes(model, phase)))
+    votes = MappingProxyType(dict(sorted(_registry().votes(model, phase))))
     cast = {v for v in votes.values() if v is not None}
     if len(cast) > 1:
         listed = ", ".join(
@@ -100,8 +106,10 @@ def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
         raise PolicyConflictError(_conflict("MTP", role, str(phase), listed, ("run", "skip")))
     if cast:
         voters = tuple(name for name, v in votes.items() if v is not None)
-        return Decision(cast.pop(), "plugins", voters, votes, phase, role)
-    return Decision(True, "default", (), votes, phase, role)
+        return Decision(
+            run=cast.pop(), kind="plugins", voters=voters, votes=votes, phase=phase, role=role
+        )
+    return Decision(run=True, kind="default", votes=votes, phase=phase, role=role)
 
 
 def decide(model: Any, phase: _phases.Phase | str) -> Decision:
@@ -131,7 +139,7 @@ def decide_normalized(
 ) -> tuple[Decision, bool]:
     """:func:`decide` for a phase already normalized; also says whether the result may be cached.
 
-    A decision may be reused for this model and phase until :func:`mtp_hooks._generation.current`
+    A decision may be reused for this model and phase until :data:`mtp_hooks._generation.counter`
     changes when no plugin was consulted (the config decided, or no plugin implements
     ``should_run_mtp``) or every plugin that votes is a ``cacheable_vote``, and no
     ``mtp_loss_scale`` plugin gave its weight. Only decisions that consulted no plugin are also
@@ -147,7 +155,9 @@ def decide_normalized(
         return decision, True
     entry = _sources.lookup(role, str(phase))
     if entry is not None and entry.value != "auto":
-        decision = Decision(entry.value == "run", "config", (), {}, phase, role, entry.source)
+        decision = Decision(
+            run=entry.value == "run", kind="config", phase=phase, role=role, source=entry.source
+        )
         shared = True
         cacheable = not tracing  # a traced decision is logged at every call
     else:
@@ -169,7 +179,7 @@ def decide_normalized(
             "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s%s",
             phase,
             role,
-            decision.votes,
+            dict(decision.votes),
             decision.run,
             decision.decided_by,
             f" source={decision.source}" if decision.source else "",

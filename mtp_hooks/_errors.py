@@ -33,6 +33,12 @@ class PluginLoadError(MTPHooksError):
     __module__ = "mtp_hooks"
 
 
+class UnknownPluginError(MTPHooksError, LookupError):
+    """No plugin is registered under the name, or as the object, given to ``unregister``."""
+
+    __module__ = "mtp_hooks"
+
+
 class PluginError(MTPHooksError):
     """A plugin's hook raised while deciding; the plugin's own exception is chained."""
 

@@ -12,8 +12,3 @@ counter = [0]  # read directly on the hot path; change it only through advance()
 def advance() -> None:
     """Invalidate every cached decision."""
     counter[0] += 1
-
-
-def current() -> int:
-    """The counter's value; a cached decision is valid while it is unchanged."""
-    return counter[0]

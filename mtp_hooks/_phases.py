@@ -26,6 +26,9 @@ class Phase(str, enum.Enum):
         return self.value
 
 
+PhaseLike = Phase | str
+"""A phase as hooks and API functions take it: a :class:`Phase` or a declared phase's name."""
+
 _BUILTIN: dict[str, Phase] = {p.value: p for p in Phase}
 _declared: set[str] = set()
 _current: contextvars.ContextVar[Phase | str | None] = contextvars.ContextVar(

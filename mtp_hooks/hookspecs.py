@@ -7,11 +7,15 @@ A plugin is any module or object with functions decorated by :data:`hookimpl`. R
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING
 
 import pluggy
 
 from ._metrics import MTPMetrics
+from ._phases import PhaseLike
+
+if TYPE_CHECKING:  # torch is optional: the core runs without it
+    import torch
 
 __all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
 
@@ -21,7 +25,7 @@ hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
 @hookspec
-def should_run_mtp(model: Any, phase: Any) -> bool | None:
+def should_run_mtp(model: torch.nn.Module | None, phase: PhaseLike) -> bool | None:
     """Vote on whether ``model`` runs its MTP block in ``phase``.
 
     Called at every gated forward call of an attached model (and by :func:`mtp_hooks.decide`),
@@ -81,7 +85,7 @@ def declare_phases() -> Iterable[str]:  # type: ignore[empty-body]
 
 
 @hookspec
-def mtp_loss_scale(model: Any, phase: Any) -> float | None:
+def mtp_loss_scale(model: torch.nn.Module | None, phase: PhaseLike) -> float | None:
     """Give the MTP loss weight (``mtp_loss_scaling_factor``) for a forward that runs MTP.
 
     Consulted when MTP runs and the policy config gives no weight for the model's (role,
@@ -116,7 +120,7 @@ def mtp_loss_scale(model: Any, phase: Any) -> float | None:
 
 
 @hookspec
-def mtp_metrics(model: Any, phase: Any, metrics: MTPMetrics) -> None:
+def mtp_metrics(model: torch.nn.Module, phase: PhaseLike, metrics: MTPMetrics) -> None:
     """Receive the MTP loss and top-1 acceptance of one forward that recorded them.
 
     Called after each forward of an attached model whose policy entry for its (role, phase)

@@ -15,7 +15,7 @@ from typing import Any
 import pluggy
 
 from . import _env, _generation, hookspecs
-from ._errors import PluginError, PluginLoadError, PolicyError
+from ._errors import PluginError, PluginLoadError, PolicyError, UnknownPluginError
 from ._plugin_checks import all_cacheable, check_plugin, declared_phases
 from ._policy import check_loss_scale
 
@@ -150,14 +150,21 @@ class PluginRegistry:
             self.pm.unregister(name=name)
 
     def unregister(self, name_or_plugin: str | object) -> None:
-        """Unregister a plugin given by name or by object; unknown ones raise ``PolicyError``."""
+        """Unregister a plugin given by name or by object.
+
+        Raises:
+            UnknownPluginError: No such plugin is registered.
+        """
         by_name = isinstance(name_or_plugin, str)
         name = (
             name_or_plugin if isinstance(name_or_plugin, str) else self.pm.get_name(name_or_plugin)
         )
         if name is None or self.pm.get_plugin(name) is None:
             what = "no plugin named {!r} is" if by_name else "{!r} is not"
-            raise PolicyError(f"unregister: {what.format(name_or_plugin)} registered")
+            raise UnknownPluginError(
+                f"unregister: {what.format(name_or_plugin)} registered; mtp_hooks.list_plugins() "
+                "lists the registered ones"
+            )
         self.pm.unregister(name=name)
         self._dists.pop(name, None)
         self._changed()

@@ -1,4 +1,4 @@
-"""Moved to :mod:`mtp_hooks.demo.tiny_models`; this name is kept for 0.1 code that imports it."""
+"""Deprecated alias of :mod:`mtp_hooks.demo.tiny_models`, with a warning on import."""
 
 import warnings
 

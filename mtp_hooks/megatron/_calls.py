@@ -1,6 +1,6 @@
 """The record of one gated model's forward calls that are running, or that were interrupted.
 
-Each call pushes one :data:`Frame` naming the interpreter frame that runs it (torch's own
+Each call pushes one :class:`CallRecord` naming the interpreter frame that runs it (torch's own
 hook-calling frame, alive exactly as long as the call). That makes three things decidable:
 
 * **Interrupted calls.** torch runs ``always_call`` hooks for ``Exception`` only, so a
@@ -28,28 +28,41 @@ through one crashed CPython 3.11 (``tests/stress``).
 from __future__ import annotations
 
 import copy
+import functools
 import sys
 import threading
 import weakref
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 from .._errors import MTPHooksError, UnsupportedModelError
 
-# A plain tuple, the cheapest object to build per call: (thread ident, the interpreter frame that
-# called the pre-hook or None for "always over", (mtp_process, config) to put back or None,
-# whether a skip owes DDP a settlement after forward, the call's kwargs dict).
-Frame = tuple[int, FrameType | None, tuple[Any, Any] | None, bool, Any]
-THREAD: Final = 0
-OWNER: Final = 1
-RESTORE: Final = 2
-SETTLE: Final = 3
-KWARGS: Final = 4
+
+class CallRecord(NamedTuple):
+    """One forward call of a gated model that is running, or that was interrupted.
+
+    The hot path builds records with :data:`new_record` (``tuple.__new__``, skipping the
+    Python-level ``__new__`` of a named tuple); fields read at C speed.
+    """
+
+    thread: int
+    """The ident of the thread running the call (``0`` in the record a copy starts with)."""
+    owner: FrameType | None
+    """The interpreter frame running the call; ``None``: the call is over already."""
+    restore: tuple[Any, Any] | None
+    """``(mtp_process, config)`` to put back when the call ends; ``None``: nothing changed."""
+    settle: bool
+    """Whether a skip owes Megatron DDP a settlement after forward."""
+    kwargs: Any
+    """The kwargs dict torch handed the call's hooks, which names the call in the forward hook."""
+
+
+new_record: Final = functools.partial(tuple.__new__, CallRecord)
 
 _set = object.__setattr__
 
 
-def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> bool:
+def prune(records: list[CallRecord], module: Any, finished: FrameType | None) -> bool:
     """Drop the records of calls that are over (``finished`` counts as over), newest first,
     putting back on ``module`` what each changed. Only interrupted calls leave such records.
     Returns whether one of them was the calling thread's.
@@ -60,17 +73,17 @@ def prune(frames: list[Frame], module: Any, finished: FrameType | None) -> bool:
     """
     me = threading.get_ident()
     mine = False
-    records = frames[:]
-    alive = _live_threads() if other_thread(records, me) else ()
+    snapshot = records[:]
+    alive = _live_threads() if other_thread(snapshot, me) else ()
     here = sys._getframe()
-    for record in reversed(records):
-        thread, owner, restore = record[:3]
+    for record in reversed(snapshot):
+        thread, owner, restore = record.thread, record.owner, record.restore
         if owner is not None and owner is not finished:
             if thread != me and thread in alive:
                 continue
             if thread == me and _on_stack(owner, here):
                 continue
-        if not _discard(frames, record):
+        if not _discard(records, record):
             continue  # a call that changed nothing, which just ended and removed it itself
         mine = mine or thread == me
         if restore is not None:
@@ -90,17 +103,17 @@ def put_back(module: Any, gates: tuple[Any, Any]) -> None:
     _set(module, "config", gates[1])
 
 
-def _discard(frames: list[Frame], record: Frame) -> bool:
+def _discard(records: list[CallRecord], record: CallRecord) -> bool:
     """Remove ``record`` (matched by identity: records of different calls differ in their
     thread or frame before any other field is compared); whether it was still there."""
     try:
-        frames.remove(record)
+        records.remove(record)
     except ValueError:
         return False
     return True
 
 
-def pop_own(frames: list[Frame], kwargs: Any, caller: FrameType) -> Frame | None:
+def pop_own(records: list[CallRecord], kwargs: Any, caller: FrameType) -> CallRecord | None:
     """Remove and return the record of the call whose forward hook got ``kwargs`` and is run by
     ``caller``, if there is one.
 
@@ -108,22 +121,23 @@ def pop_own(frames: list[Frame], kwargs: Any, caller: FrameType) -> Frame | None
     every call, so ``kwargs`` names the call unless a pre-hook after the gate's replaced it;
     then the frame does, unless forward raised (torch's exception handler calls the hook).
     """
-    records = frames[:]
-    for key, index in ((kwargs, KWARGS), (caller, OWNER)):
-        for record in reversed(records):
-            if record[index] is key and _discard(frames, record):
+    snapshot = records[:]
+    for key, field in ((kwargs, "kwargs"), (caller, "owner")):
+        for record in reversed(snapshot):
+            if getattr(record, field) is key and _discard(records, record):
                 return record
     return None
 
 
-def other_thread(frames: list[Frame], thread: int) -> bool:
+def other_thread(records: list[CallRecord], thread: int) -> bool:
     """Whether a call of another thread than ``thread`` is recorded."""
-    return any(f[THREAD] != thread for f in frames[:])
+    return any(record.thread != thread for record in records[:])
 
 
-def refuse_concurrent(frames: list[Frame], module: Any, decision: str) -> None:
+def refuse_concurrent(records: list[CallRecord], module: Any, decision: str) -> None:
     """Raise :class:`MTPHooksError` for a call that would change gates another thread uses."""
-    others = sorted({f[THREAD] for f in frames[:] if f[THREAD] != threading.get_ident()})
+    me = threading.get_ident()
+    others = sorted({record.thread for record in records[:] if record.thread != me})
     raise MTPHooksError(
         f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
         f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "
@@ -164,7 +178,7 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     new._model = weakref.ref(memo[id(model)])
     new.ddp = DDPState(memo[id(model)], [])
     new.base = copy.deepcopy(gate.base, memo)
-    new.frames = [(0, None, new.base, False, None)] if gate.frames else []
+    new.records = [CallRecord(0, None, new.base, False, None)] if gate.records else []
     new.counts, new.cache, new.loss_scales, new.recorder = {}, {}, {}, None
     new.policy_checked = -1
     new.views = Views()

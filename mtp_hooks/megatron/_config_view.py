@@ -8,9 +8,11 @@ config exactly as without mtp-hooks, and that answers the one changed field, suc
 ``mtp_num_layers=None``, from its own slot through a data descriptor (which Python consults
 before the instance dictionary).
 
-A view is an ``isinstance`` of the config's class and a dataclass with the same fields; ``copy``,
-``deepcopy`` and ``pickle`` turn it into a plain config object holding the changed value. A
-config class whose instances have no ``__dict__``, or that defines ``__copy__``, gets a copy.
+A view is an ``isinstance`` of the config's class and a dataclass with the same fields, of a
+class named for it (``TransformerConfigView``); its ``__class__`` is the config's class, so
+``copy``, ``deepcopy``, ``pickle`` and ``dataclasses.replace`` turn it into a plain config object
+holding the changed value, and its ``repr`` is the config's. A config class whose instances have
+no ``__dict__``, or that defines ``__copy__``, gets a copy.
 """
 
 from __future__ import annotations
@@ -57,13 +59,16 @@ def _view_class(cls: type, name: str) -> type | None:
     namespace = {
         name: _Changed(name),
         "__slots__": (_VALUE,),
-        "__module__": cls.__module__,
-        "__qualname__": cls.__qualname__,
+        "__module__": __name__,
+        "__qualname__": f"{cls.__qualname__}View",
         "__reduce__": _reduce,
+        # What copies and dataclasses.replace() build from: the real class (isinstance checks
+        # consult type() first, so a view stays an instance of both).
+        "__class__": property(lambda view: cls),
         "_mtp_hooks_base": (cls, name),
         "__doc__": f"A {cls.__name__} whose {name} differs for one gated forward.",
     }
-    return type(cls.__name__, (cls,), namespace)
+    return type(f"{cls.__name__}View", (cls,), namespace)
 
 
 def config_view(config: Any, name: str, value: Any) -> Any:

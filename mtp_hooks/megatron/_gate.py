@@ -34,9 +34,7 @@ from ._gate_state import Entry, GateState
 _RUN, _SKIP, _UNTOUCHED = range(3)  # slots of a phase's counters
 _get_ident = threading.get_ident
 _getframe = sys._getframe
-_RESTORE: Final = _calls.RESTORE
-_SETTLE: Final = _calls.SETTLE
-_KWARGS: Final = _calls.KWARGS
+_record = _calls.new_record
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
@@ -81,10 +79,10 @@ class MTPGate(GateState):
         cached: Entry  # set where a decision is made (run is not None)
         if owner is None:
             owner = _getframe(1)  # torch's frame running this call
-        frames = self.frames
-        if frames:  # a running call (nesting, another thread) or an interrupted one
+        records = self.records
+        if records:  # a running call (nesting, another thread) or an interrupted one
             with self.lock:
-                interrupted = _calls.prune(self.frames, module, None)
+                interrupted = _calls.prune(self.records, module, None)
             if interrupted and self.recorder is not None:
                 self.recorder.cancel()  # the metrics request the interrupted call left
         mtp_process, config = module.mtp_process, module.config
@@ -105,18 +103,18 @@ class MTPGate(GateState):
         elif _is_compiling():
             _refusals.refuse_compiling()
         else:
-            on = self.base if frames else (mtp_process, config)  # while frames, gates may differ
+            on = self.base if records else (mtp_process, config)  # while records, gates may differ
             if on[0] and getattr(on[1], "mtp_num_layers", None):
                 phase = _current_phase()
                 if phase is None:
                     phase = _TRAIN if module.training and _grad_enabled() else _EVAL
                 found = self.cache.get(phase)
                 generation = _sources.generation() if _WATCHING[0] else _GENERATION[0]
-                if found is None or found[0] != generation or self.checks:
+                if found is None or found.generation != generation or self.checks:
                     found = self._decide(module, phase)
                 cached = found
-                run = cached[1]
-                if cached[4]:  # +metrics: ask model.mtp's output to be measured
+                run = cached.run
+                if cached.metrics:  # +metrics: ask model.mtp's output to be measured
                     self.recorder = self.recorder or _recorder.Recorder(module)
                     self.recorder.request(module, phase, args, kwargs)
             else:
@@ -129,27 +127,27 @@ class MTPGate(GateState):
                 return None
             thread = _get_ident()
             base = self.base
-            if frames:  # another call may have changed the gates since they were read
+            if records:  # another call may have changed the gates since they were read
                 mtp_process, config = module.mtp_process, module.config
             toggled = mtp_process is not base[0] or config is not base[1]
             current = (mtp_process, config) if toggled else base
-            if toggled and not frames:  # changed between calls: the new base
+            if toggled and not records:  # changed between calls: the new base
                 self.base = base = current
                 toggled = False
             if run is None:
-                frames.append((thread, owner, None, False, kwargs))
+                records.append(_record((thread, owner, None, False, kwargs)))
                 return None
             if not run:
-                return self._skip(module, owner, thread, cached[2], current, kwargs)
-            if cached[3] is not None:
+                return self._skip(module, owner, thread, cached.counters, current, kwargs)
+            if cached.loss_scale is not None:
                 return self._run_weighted(module, owner, thread, phase, cached, current, kwargs)
-            if toggled and frames and _calls.other_thread(frames, thread):
-                _calls.refuse_concurrent(self.frames, module, "run")
-            cached[2][_RUN] += 1
+            if toggled and records and _calls.other_thread(records, thread):
+                _calls.refuse_concurrent(self.records, module, "run")
+            cached.counters[_RUN] += 1
             if not toggled:
-                frames.append((thread, owner, None, False, kwargs))
+                records.append(_record((thread, owner, None, False, kwargs)))
                 return None
-            frames.append((thread, owner, current, False, kwargs))
+            records.append(_record((thread, owner, current, False, kwargs)))
             _calls.put_back(module, base)
             return None
         finally:
@@ -159,22 +157,22 @@ class MTPGate(GateState):
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> Any:
         """Restore this call's gates first; then settle DDP state after a completed skip."""
-        frames = self.frames
+        records = self.records
         try:
-            top: _calls.Frame | None = frames[-1]
+            top: _calls.CallRecord | None = records[-1]
         except IndexError:
             top = None
-        if top is None or top[_KWARGS] is not kwargs:  # threads interleave, forward raised, or a
+        if top is None or top.kwargs is not kwargs:  # threads interleave, forward raised, or a
             top = self._pop_and_restore(module, kwargs, _getframe(1))  # later hook replaced kwargs
         else:
-            restore = top[_RESTORE]
+            restore = top.restore
             if restore is None:  # the call's own record, which changed nothing: list.remove is
-                frames.remove(top)  # atomic, and only this call removes it, so no lock is needed
+                records.remove(top)  # atomic, and only this call removes it, so no lock is needed
             else:
                 lock = self.lock
                 lock.acquire()
                 try:
-                    frames.remove(top)
+                    records.remove(top)
                     _calls.put_back(module, restore)
                 finally:
                     lock.release()
@@ -182,19 +180,19 @@ class MTPGate(GateState):
                 self._finish_removal()
         if self.recorder is not None:
             self.recorder.end(module, completed=output is not None)
-        if top is not None and top[_SETTLE] and output is not None:
+        if top is not None and top.settle and output is not None:
             return self.ddp.after_skipped_forward(output)
         return None
 
     def _pop_and_restore(
         self, module: torch.nn.Module, kwargs: dict[str, Any], caller: FrameType
-    ) -> _calls.Frame | None:
+    ) -> _calls.CallRecord | None:
         """Take this call's record (and those of interrupted calls) and put back what each
         changed, under the lock."""
         with self.lock:
-            frame = _calls.pop_own(self.frames, kwargs, caller)
-            _calls.prune(self.frames, module, caller)
-            restore = None if frame is None else frame[_RESTORE]
+            frame = _calls.pop_own(self.records, kwargs, caller)
+            _calls.prune(self.records, module, caller)
+            restore = None if frame is None else frame.restore
             if restore is not None:
                 _calls.put_back(module, restore)
         if self.removed:
@@ -213,14 +211,14 @@ class MTPGate(GateState):
     ) -> None:
         """Run MTP with the decision's loss weight (under the lock): the model reads the weight
         from its own config at forward time, so this call sees a config view carrying it."""
-        if self.frames and _calls.other_thread(self.frames, thread):
-            _calls.refuse_concurrent(self.frames, module, "run with its own loss weight")
-        cached[2][_RUN] += 1
-        assert cached[3] is not None
-        self.loss_scales[phase] = cached[3]
-        self.frames.append((thread, owner, current, False, kwargs))
+        if self.records and _calls.other_thread(self.records, thread):
+            _calls.refuse_concurrent(self.records, module, "run with its own loss weight")
+        cached.counters[_RUN] += 1
+        assert cached.loss_scale is not None
+        self.loss_scales[phase] = cached.loss_scale
+        self.records.append(_record((thread, owner, current, False, kwargs)))
         base_mtp_process, base_config = self.base
-        weighted = self.views.get(base_config, "mtp_loss_scaling_factor", cached[3])
+        weighted = self.views.get(base_config, "mtp_loss_scaling_factor", cached.loss_scale)
         _calls.put_back(module, (base_mtp_process, weighted))
 
     def _skip(
@@ -236,10 +234,10 @@ class MTPGate(GateState):
         settle = self.ddp.check_skip()
         if not self.native and self.tied_hazard:
             _refusals.refuse_tied_stage_skip()
-        if self.frames and _calls.other_thread(self.frames, thread):
-            _calls.refuse_concurrent(self.frames, module, "skip")
+        if self.records and _calls.other_thread(self.records, thread):
+            _calls.refuse_concurrent(self.records, module, "skip")
         counters[_SKIP] += 1
-        self.frames.append((thread, owner, current, settle, kwargs))
+        self.records.append(_record((thread, owner, current, settle, kwargs)))
         _set(module, "config", self.views.get(self.base[1], "mtp_num_layers", None))
         if self.native:
             # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the

@@ -12,7 +12,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 import torch
 
@@ -20,8 +20,19 @@ from .. import _decision, _roles, _sources
 from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _refusals
 from ._config_view import Views
 
-# A cached decision: (generation, run, the phase's counters, loss weight or None, metrics)
-Entry = tuple[int, bool, list[int], float | None, bool]
+
+class Entry(NamedTuple):
+    """A phase's cached decision, as the hooks read it."""
+
+    generation: int
+    """The decision counter it was made at (:mod:`mtp_hooks._generation`)."""
+    run: bool
+    counters: list[int]
+    """The phase's ``[runs, skips, untouched]``, counted in place."""
+    loss_scale: float | None
+    """The MTP loss weight for this phase, or ``None``: the model's own."""
+    metrics: bool
+    """Whether the call records MTP loss and acceptance (``+metrics``)."""
 
 
 class GateState:
@@ -43,7 +54,7 @@ class GateState:
         self.checks = verify or self.local_graphs  # a per-call check: decide at every call
         self.policy_checked = -1  # the generation whose policy local graphs were checked for
         _refusals.refuse_unsupported_config(model.config)
-        self.frames: list[_calls.Frame] = []
+        self.records: list[_calls.CallRecord] = []
         self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched]
         self.cache: dict[Any, Entry] = {}  # phase -> _decide's entry
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
@@ -73,23 +84,22 @@ class GateState:
                 self.handles[0].remove()
             model = self._model()
             if model is not None:
-                _calls.prune(self.frames, model, None)
+                _calls.prune(self.records, model, None)
         self._finish_removal()
 
     def _finish_removal(self) -> None:
         """Remove both hooks once no call of the model is running (called by removal, and by
         the forward hook of each call that ends after it)."""
         with self.lock:
-            if not self.frames:
+            if not self.records:
                 for handle in self.handles:
                     handle.remove()
                 self.handles = []
 
     # -- deciding ------------------------------------------------------------------------------
     def _decide(self, module: torch.nn.Module, phase: Any) -> Entry:
-        """Decide for ``phase``; returns ``(generation, run, the phase's counters, loss
-        weight)``, cached while nothing a decision depends on changes and no per-call check
-        is on."""
+        """Decide for ``phase``; the entry is cached while nothing a decision depends on
+        changes and no per-call check is on."""
         generation = _sources.generation()
         role = _roles.role_of(module)
         if self.local_graphs and self.policy_checked != generation:
@@ -101,7 +111,7 @@ class GateState:
         if self.local_graphs and decision.run:
             _cuda_graphs.check_replayable(module)
         counters = self._counters(phase)
-        entry = (generation, decision.run, counters, decision.loss_scale, decision.metrics)
+        entry = Entry(generation, decision.run, counters, decision.loss_scale, decision.metrics)
         if cacheable:
             self.cache[phase] = entry
         return entry

@@ -108,7 +108,15 @@ def test_copies_and_pickles_of_a_view_are_plain_configs_with_the_changed_value(b
         assert type(made) is type(model.config) and made.mtp_num_layers is None
         assert made.hidden_size == model.config.hidden_size
     replaced = dataclasses.replace(view, hidden_size=view.hidden_size)
+    assert type(replaced) is type(model.config)
     assert replaced.mtp_num_layers is None and replaced.hidden_size == view.hidden_size
+
+
+def test_a_view_has_a_class_name_of_its_own_and_the_configs_repr(build, batch):
+    model, view = skipped(build, batch)
+    assert type(view).__name__ == f"{type(model.config).__name__}View"
+    assert isinstance(view, type(model.config)) and view.__class__ is type(model.config)
+    assert repr(view).startswith(f"{type(model.config).__name__}(")
 
 
 def test_a_megatron_config_view_is_a_transformer_config():

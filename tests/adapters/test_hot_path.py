@@ -73,7 +73,7 @@ def test_a_later_pre_hook_that_replaces_kwargs_still_gets_the_gates_restored(bui
     for _ in range(2):
         model(*batch.args(), labels=batch.labels)
     assert model.mtp_process is True and model.config is shared
-    assert handle.gates[0].frames == [] and handle.stats() == {"train": {"skip": 2}}
+    assert handle.gates[0].records == [] and handle.stats() == {"train": {"skip": 2}}
 
 
 def test_a_native_flag_skip_leaves_the_callers_kwargs_alone(build, kind, batch):
@@ -120,7 +120,7 @@ def test_many_threads_running_mtp_together_leave_no_record_and_count_every_forwa
     finally:
         sys.setswitchinterval(switch)
     assert errors == []
-    assert handle.gates[0].frames == [] and handle.stats() == {"eval": {"run": 100}}
+    assert handle.gates[0].records == [] and handle.stats() == {"eval": {"run": 100}}
     assert counter.n == 100
 
 
@@ -138,4 +138,4 @@ def test_a_forward_that_raises_restores_through_the_kwargs_match(build, batch):
         model(*batch.args(), labels=batch.labels)
     hook.remove()
     assert model.mtp_process is True and model.config is shared
-    assert handle.gates[0].frames == []
+    assert handle.gates[0].records == []

@@ -41,7 +41,7 @@ def test_the_forward_after_an_interrupt_runs_mtp_again(build, batch, count_mtp, 
     model(*batch.args(), labels=batch.labels).sum().backward()
     assert seen == [(True, True)] and counter.n == 1
     assert model.mtp_process is True and model.config is shared
-    assert handle.gates[0].frames == []
+    assert handle.gates[0].records == []
 
 
 def test_remove_after_an_interrupt_restores_the_gates(build, batch):
@@ -163,4 +163,4 @@ def test_a_call_interrupted_in_a_thread_that_has_ended_is_repaired_by_another(bu
         lambda m, a: seen.append((model.mtp_process, model.config is shared))
     )
     model(*batch.args(), labels=batch.labels)
-    assert seen == [(True, True)] and handle.gates[0].frames == []
+    assert seen == [(True, True)] and handle.gates[0].records == []

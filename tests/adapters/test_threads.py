@@ -31,7 +31,7 @@ def test_a_second_thread_that_needs_the_other_decision_gets_a_clear_error(
     assert paused.seen == [expected, expected]  # the first thread's decision held throughout
     assert counter.n == (1 if first == "eval" else 0)
     assert model.mtp_process is True and model.config is shared
-    assert handle.gates[0].frames == []
+    assert handle.gates[0].records == []
 
 
 def test_threads_that_all_run_mtp_share_the_model(build, batch, count_mtp):

@@ -183,3 +183,19 @@ def test_what_decided_is_a_kind_and_a_tuple_of_voters_even_for_a_plugin_named_de
     mtp_hooks.configure("train=run")
     decision = mtp_hooks.decide(None, "train")
     assert (decision.kind, decision.voters, decision.decided_by) == ("config", (), "config")
+
+
+def test_a_decisions_votes_are_read_only_so_a_cached_decision_cannot_be_changed(voter):
+    voter(False, "alpha")
+    first = mtp_hooks.decide(None, "eval")
+    with pytest.raises(TypeError):
+        first.votes["alpha"] = True  # type: ignore[index]
+    assert mtp_hooks.decide(None, "eval").votes == {"alpha": False}
+    assert dict(first.votes) == {"alpha": False}
+
+
+def test_a_decision_is_built_by_keyword_only():
+    with pytest.raises(TypeError):
+        mtp_hooks.Decision(True, "config")  # type: ignore[misc]
+    decision = mtp_hooks.Decision(run=True, kind="config")
+    assert decision.votes == {} and decision.voters == ()

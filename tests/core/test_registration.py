@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import importlib.metadata
 import subprocess
 import sys
 
@@ -49,9 +50,10 @@ def test_unregister_by_object_removes_the_vote(voter):
     assert mtp_hooks.decide(None, "eval").decided_by == "default"
 
 
-def test_unregistering_an_unknown_plugin_is_an_error():
-    with pytest.raises(mtp_hooks.PolicyError, match="no plugin named 'ghost'"):
+def test_unregistering_an_unknown_plugin_is_a_lookup_error_naming_it():
+    with pytest.raises(mtp_hooks.UnknownPluginError, match="no plugin named 'ghost'") as info:
         mtp_hooks.unregister("ghost")
+    assert isinstance(info.value, LookupError) and not isinstance(info.value, ValueError)
 
 
 def test_a_misspelled_hook_is_refused_and_nothing_stays_registered():
@@ -168,3 +170,8 @@ def test_errors_print_under_the_name_they_are_imported_by():
         and repr(getattr(mtp_hooks, n)) == f"<class 'mtp_hooks.{n}'>"
         for n in names
     )
+
+
+def test_the_package_has_a_version_and_lists_its_lazily_loaded_names():
+    assert mtp_hooks.__version__ == importlib.metadata.version("mtp-hooks")
+    assert {"attach", "AttachHandle", "freeze_mtp", "__version__", "decide"} <= set(dir(mtp_hooks))

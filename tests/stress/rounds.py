@@ -97,7 +97,7 @@ def threads(model, handle, args, labels, forwards: int = 5) -> None:
     for worker in workers:
         worker.join(120)
     check(not errors, f"a thread's forward raised {errors[:1]!r}")
-    check(handle.gates[0].frames == [], "a call record was left behind")
+    check(handle.gates[0].records == [], "a call record was left behind")
     runs = handle.stats()["eval"]["run"] - before
     check(runs == 4 * forwards, f"{runs} of {4 * forwards} forwards counted")
 

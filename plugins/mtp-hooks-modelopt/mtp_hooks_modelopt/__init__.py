@@ -10,6 +10,7 @@ each get their own decision and restore.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,6 +52,7 @@ def configure(config: Any = None, *, freeze_mtp: bool | None = None) -> DistillM
     """
     if config is not None and freeze_mtp is not None:
         raise mtp_hooks.PolicyError(f"{WHERE}: give freeze_mtp either in the config or as keyword")
+    cfg: Mapping[str, Any]
     if config is None:
         cfg = {} if freeze_mtp is None else {"freeze_mtp": freeze_mtp}
     else:
