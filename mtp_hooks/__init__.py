@@ -30,7 +30,7 @@ from .hookspecs import hookimpl, hookspec  # noqa: F401  (kept importable, not a
 from .plugins import get_plugin_manager, list_plugins, register, unregister  # noqa: F401
 
 if TYPE_CHECKING:
-    from .megatron import AttachHandle, attach, auto_attach, detach, freeze_mtp
+    from .megatron import AttachHandle, attach, auto_attach, detach, freeze_mtp, freeze_trunk
 
 # What the package advertises (``from mtp_hooks import *``, the docs). ``reset`` (for tests),
 # ``hookspec`` and ``get_plugin_manager`` (for plugin authors: mtp_hooks.hookspecs and
@@ -58,6 +58,7 @@ __all__ = [
     "detach",
     "explain",
     "freeze_mtp",
+    "freeze_trunk",
     "hookimpl",
     "list_plugins",
     "phase",
@@ -68,7 +69,7 @@ __all__ = [
     "unregister",
 ]
 
-_MEGATRON_NAMES = {"AttachHandle", "attach", "auto_attach", "detach", "freeze_mtp"}
+_MEGATRON_NAMES = {"AttachHandle", "attach", "auto_attach", "detach", "freeze_mtp", "freeze_trunk"}
 
 
 def __getattr__(name: str) -> Any:

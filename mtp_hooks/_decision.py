@@ -54,7 +54,7 @@ class Decision:
     run: bool
     kind: Literal["config", "plugins", "default"]
     voters: tuple[str, ...] = ()
-    votes: Mapping[str, bool | None] = field(default=_NO_VOTES)
+    votes: Mapping[str, bool | None] = field(default_factory=lambda: _NO_VOTES)
     phase: _phases.Phase | str | None = None
     role: str | None = None
     source: str | None = None

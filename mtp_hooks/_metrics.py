@@ -20,6 +20,11 @@ class MTPMetrics:
             it predicts: the draft acceptance rate of greedy speculative decoding.
         tokens: The number of those positions, to weight a reduction across ranks.
         forwards: The number of forwards recorded.
+        chain_acceptance: Per depth ``k``, the fraction of positions where depths ``1..k`` all
+            hit: what a rollout engine that drafts ``k`` tokens with greedy verification sees
+            accepted in full. Depth 1's equals its ``acceptance``.
+        accepted_length: The mean number of draft tokens a greedy chain over all depths accepts
+            per position, the chain stopping at its first miss (``0`` to the MTP depth).
 
     Example:
         >>> from mtp_hooks import MTPMetrics
@@ -32,3 +37,5 @@ class MTPMetrics:
     acceptance: tuple[float, ...]
     tokens: tuple[int, ...]
     forwards: int
+    chain_acceptance: tuple[float, ...] = ()
+    accepted_length: float = 0.0

@@ -6,9 +6,9 @@ model is attached.
 
 from __future__ import annotations
 
-from ._attach import AttachHandle, attach, detach, freeze_mtp
+from ._attach import AttachHandle, attach, detach, freeze_mtp, freeze_trunk
 
-__all__ = ["AttachHandle", "attach", "auto_attach", "detach", "freeze_mtp"]
+__all__ = ["AttachHandle", "attach", "auto_attach", "detach", "freeze_mtp", "freeze_trunk"]
 
 
 def auto_attach(enabled: bool = True) -> None:

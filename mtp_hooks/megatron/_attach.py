@@ -247,3 +247,24 @@ def freeze_mtp(model: Any) -> list[str]:
     models, wrappers = capabilities.unwrap(model)
     frozen: list[str] = distributed.freeze_mtp_parameters(models, wrappers)
     return frozen
+
+
+def freeze_trunk(model: Any) -> list[str]:
+    """Freeze everything but MTP: ``requires_grad=False`` on every parameter that is not
+    MTP-only, for training the MTP heads alone (the mirror of :func:`freeze_mtp`).
+
+    The trunk, the embedding and the output layer stay bit-identical across optimizer steps
+    while the MTP layers train on their inputs; the trunk's MoE routers get
+    ``frozen_expert_bias``. Call it before wrapping the model in DDP.
+
+    Returns:
+        The frozen parameter names.
+
+    Raises:
+        UnsupportedModelError: The model is already wrapped in DDP, has no MTP block, or has
+            trunk MoE routers whose expert bias this megatron-core cannot hold still.
+    """
+    capabilities, distributed, _ = _adapters()
+    models, wrappers = capabilities.unwrap(model)
+    frozen: list[str] = distributed.freeze_trunk_parameters(models, wrappers)
+    return frozen

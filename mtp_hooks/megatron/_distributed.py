@@ -233,6 +233,48 @@ def freeze_mtp_parameters(
     return [name for name, _ in params]
 
 
+def freeze_trunk_parameters(
+    models: list[torch.nn.Module], wrappers: list[torch.nn.Module]
+) -> list[str]:
+    """Set ``requires_grad=False`` on every parameter that is not MTP-only, and freeze the
+    expert bias of the trunk's MoE routers: the mirror of :func:`freeze_mtp_parameters`, with
+    the same refusals."""
+    if not any(has_mtp(m) for m in models):
+        raise UnsupportedModelError(
+            "mtp_hooks.freeze_trunk: the model has no MTP block on this rank, so it would freeze "
+            "every parameter. Call it on a model built with mtp_num_layers > 0 (on pipeline "
+            "stages without MTP there is nothing to train in MTP-only training)."
+        )
+    keep = {id(p) for m in models if has_mtp(m) for _, p in mtp_only_parameters(m)}
+    params = [(name, p) for m in models for name, p in m.named_parameters() if id(p) not in keep]
+    if wrappers or any(hasattr(p, "main_grad") for m in models for p in m.parameters()):
+        raise UnsupportedModelError(
+            "mtp_hooks.freeze_trunk must be called before the model is wrapped in DDP: the "
+            "wrapper has already put the trunk parameters in its gradient buckets. Call "
+            "freeze_trunk on the bare GPTModel/HybridModel, then wrap it."
+        )
+    mtp_routers = {id(r) for m in models if has_mtp(m) for r in mtp_routers_with_expert_bias(m)}
+    routers: list[Any] = [
+        r
+        for m in models
+        for r in m.modules()
+        if getattr(r, "expert_bias", None) is not None and id(r) not in mtp_routers
+    ]
+    if any(not hasattr(r, "frozen_expert_bias") for r in routers):
+        raise UnsupportedModelError(
+            "mtp_hooks.freeze_trunk: the trunk has MoE routers with an expert bias "
+            "(moe_router_enable_expert_bias=True), which finalize_model_grads moves whenever the "
+            "module is in training mode, and this megatron-core's router has no "
+            "frozen_expert_bias flag to stop it. Use a megatron-core whose TopKRouter has "
+            "frozen_expert_bias (0.19 has it) or set moe_router_enable_expert_bias=False."
+        )
+    for _, param in params:
+        param.requires_grad_(False)
+    for router in routers:
+        router.frozen_expert_bias = True
+    return [name for name, _ in params]
+
+
 def mtp_routers_with_expert_bias(model: Any) -> list[Any]:
     """The MoE routers inside ``model.mtp`` that carry an ``expert_bias`` buffer."""
     return [m for m in model.mtp.modules() if getattr(m, "expert_bias", None) is not None]

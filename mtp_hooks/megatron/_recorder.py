@@ -25,7 +25,10 @@ from megatron.core.transformer import multi_token_prediction as _mtp
 from .._metrics import MTPMetrics
 from ..plugins import _registry
 
-_LOSS, _CORRECT, _TOKENS = range(3)  # rows of a [3, depths] values tensor
+# Rows of a [5, depths] values tensor: per depth the masked loss sum, the top-1 hits and the
+# positions, then the chained hits (every depth up to this one hit) and the chained positions
+# (every depth up to this one has the position).
+_LOSS, _CORRECT, _TOKENS, _CHAIN, _CHAIN_POSITIONS = range(5)
 
 
 def _derives_labels() -> bool:
@@ -130,7 +133,7 @@ class Recorder:
             self.handle = None
 
     def take(self, reset: bool) -> dict[Any, tuple[torch.Tensor, int]]:
-        """The totals by phase, ``(float64 [3, depths] sums, forwards)``; ``reset`` clears them."""
+        """The totals by phase, ``(float64 [5, depths] sums, forwards)``; ``reset`` clears them."""
         with self.lock:
             totals = dict(self.totals)
             if reset:
@@ -146,7 +149,7 @@ class Recorder:
 
 
 def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
-    """Means of ``[3, depths]`` sums (loss, hits, positions) over ``forwards`` (a host sync).
+    """Means of ``[5, depths]`` sums (see ``_LOSS``) over ``forwards`` (a host sync).
 
     Divided in ``values``' dtype, so one forward's float32 loss is bit for bit the value
     Megatron logs for it (``sum / num_tokens.clamp(min=1)``).
@@ -154,12 +157,23 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
     positions = values[_TOKENS].clamp(min=1)
     loss, acceptance = (values[_LOSS] / positions).tolist(), (values[_CORRECT] / positions).tolist()
     tokens = [int(n) for n in values[_TOKENS].tolist()]
-    return MTPMetrics(tuple(loss), tuple(acceptance), tuple(tokens), forwards)
+    chain = (values[_CHAIN] / values[_CHAIN_POSITIONS].clamp(min=1)).tolist()
+    accepted = float(values[_CHAIN].sum() / values[_CHAIN_POSITIONS][0].clamp(min=1))
+    return MTPMetrics(
+        loss=tuple(loss),
+        acceptance=tuple(acceptance),
+        tokens=tuple(tokens),
+        forwards=forwards,
+        chain_acceptance=tuple(chain),
+        accepted_length=accepted,
+    )
 
 
 def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.Tensor:
-    """``[3, depths]`` float32: the masked loss sum, top-1 hits and positions of each depth,
-    computed the way ``process_mtp_loss`` computes them (same calls, same order)."""
+    """``[5, depths]`` float32: the masked loss sum, top-1 hits and positions of each depth,
+    computed the way ``process_mtp_loss`` computes them (same calls, same order), and the
+    chained hits and positions. Depth ``d`` at position ``i`` drafts token ``i + d + 1``, so a
+    greedy chain from position ``i`` accepts depths ``1..k`` when each of them hits at ``i``."""
     depths = model.config.mtp_num_layers
     cp_group, psp = model.cp_group, request.packed_seq_params
 
@@ -181,6 +195,8 @@ def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.T
             model._scale_logits if getattr(model.config, "use_mup", False) else None
         )
         rows = []
+        chain: torch.Tensor | None = None  # [s, b]: every depth so far hit here
+        present: torch.Tensor | None = None  # [s, b]: every depth so far has this position
         for depth in range(depths):
             logits, _ = model.output_layer(
                 chunks[depth + 1],
@@ -192,10 +208,21 @@ def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.T
             labels, _ = roll(labels)
             mask, tokens = roll(mask)
             loss = torch.sum(mask * model.compute_language_model_loss(labels, logits))
-            hits = (
-                _top1(model, logits, request.runtime_gather_output) == labels.t()
-            ) & mask.t().bool()
-            rows.append(torch.stack([loss.float(), hits.sum().float(), tokens.float()]))
+            valid = mask.t().bool()
+            hits = (_top1(model, logits, request.runtime_gather_output) == labels.t()) & valid
+            chain = hits if chain is None else chain & hits
+            present = valid if present is None else present & valid
+            rows.append(
+                torch.stack(
+                    [
+                        loss.float(),
+                        hits.sum().float(),
+                        tokens.float(),
+                        chain.sum().float(),
+                        present.sum().float(),
+                    ]
+                )
+            )
         return torch.stack(rows, dim=1)
 
 
@@ -243,7 +270,7 @@ def running_means(recorders: list[Recorder], reset: bool) -> dict[str, MTPMetric
 
 
 def _add_by_depth(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a + b`` for ``[3, depths]`` sums, the shallower one padded with zero counts."""
+    """``a + b`` for ``[5, depths]`` sums, the shallower one padded with zero counts."""
     b = b.to(a.device)
     depths = max(a.shape[1], b.shape[1])
     pad = torch.nn.functional.pad

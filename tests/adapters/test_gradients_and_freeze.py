@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import mtp_hooks
+from mtp_hooks.demo import tiny_models
 
 
 def ddp(model, **kwargs):
@@ -143,3 +144,43 @@ def test_a_skip_on_a_bare_model_inside_megatron_ddp_is_refused_with_the_fix(buil
     with pytest.raises(mtp_hooks.UnsupportedModelError, match=r"mtp_hooks.attach\(ddp_model\)"):
         model(*batch.args(), labels=batch.labels)
     assert model.mtp_process is mtp_process and model.config is config
+
+
+def test_freeze_trunk_leaves_exactly_the_mtp_parameters_trainable(build):
+    model = build()
+    frozen = set(mtp_hooks.freeze_trunk(model))
+    trainable = {n for n, p in model.named_parameters() if p.requires_grad}
+    assert trainable == {n for n, _ in model.named_parameters() if n.startswith("mtp.")}
+    assert frozen == {n for n, _ in model.named_parameters()} - trainable
+
+
+def test_with_a_frozen_trunk_mtp_trains_and_the_trunk_stays_bit_identical(build, batch):
+    model = build()
+    mtp_hooks.freeze_trunk(model)
+    wrapped = ddp(model)
+    mtp_hooks.attach(wrapped)
+    mtp_hooks.configure("train=run")
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    optimizer = torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1
+    )
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        wrapped(*batch.args(), labels=batch.labels).sum().backward()
+        optimizer.step()
+    after = dict(model.named_parameters())
+    moved = {n for n in before if not torch.equal(before[n], after[n])}
+    assert moved and all(n.startswith("mtp.") for n in moved)
+    assert all(torch.equal(before[n], after[n]) for n in before if not n.startswith("mtp."))
+
+
+def test_freeze_trunk_on_a_wrapped_model_or_one_without_mtp_is_refused_and_changes_nothing(
+    build,
+):
+    model = build()
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="before the model is wrapped"):
+        mtp_hooks.freeze_trunk(ddp(model))
+    plain = build(spec=tiny_models.TinySpec(seq_length=16, vocab_size=128, mtp_num_layers=None))
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="has no MTP block"):
+        mtp_hooks.freeze_trunk(plain)
+    assert all(p.requires_grad for m in (model, plain) for p in m.parameters())

@@ -123,6 +123,45 @@ def test_acceptance_is_one_for_a_head_that_predicts_every_label(
     assert handle.metrics()["eval"].acceptance == (expected,) * DEPTHS
 
 
+def chained_by_hand(labels, mask, token: int, depths: int) -> tuple[list[float], float]:
+    """Chained acceptance and accepted length of heads that always draft ``token``: depth ``d``
+    at position ``i`` drafts ``labels[i + d]``, present where ``mask[i + d]`` is set."""
+    rows, seq = labels.tolist(), labels.shape[1]
+    weights = mask.tolist()
+    chain_hits, chain_present = [0] * depths, [0] * depths
+    for row, weight in zip(rows, weights, strict=True):
+        for i in range(seq):
+            hit = present = True
+            for d in range(depths):
+                j = i + d + 1
+                present = present and j < seq and weight[j] > 0
+                hit = hit and present and row[j] == token
+                chain_hits[d] += hit
+                chain_present[d] += present
+    chain = [h / p for h, p in zip(chain_hits, chain_present, strict=True)]
+    return chain, sum(chain_hits) / chain_present[0]
+
+
+def test_chained_acceptance_and_accepted_length_count_greedy_chains(deep, batch, loss_mask):
+    model = deep()
+    set_head_to_predict(model, 7)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    labels = torch.full_like(batch.labels, 8)
+    labels[0, ::3] = 7  # depth 1 hits a third of the positions, both depths together none
+    labels[0, 8:] = 7  # ... except in this run of sevens, where chains are two long
+    labels[1, :6] = 7
+    with torch.no_grad():
+        model.eval()
+        model(*batch.args(), labels=labels, loss_mask=loss_mask)
+    metrics = handle.metrics()["eval"]
+    chain, accepted = chained_by_hand(labels, loss_mask, 7, DEPTHS)
+    assert metrics.chain_acceptance[0] == metrics.acceptance[0]
+    assert metrics.chain_acceptance == pytest.approx(chain, abs=1e-6)
+    assert metrics.accepted_length == pytest.approx(accepted, abs=1e-6)
+    assert 0 < chain[1] < chain[0] < 1 and 0 < accepted < DEPTHS  # the case is not trivial
+
+
 def test_running_means_weigh_positions_and_reset_clears_them(deep, batch, loss_mask):
     model = deep()
     handle = mtp_hooks.attach(model)
