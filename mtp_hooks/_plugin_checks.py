@@ -3,12 +3,14 @@ whether its votes may be cached."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 import pluggy
 
 from ._errors import PluginLoadError, PolicyError
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def check_plugin(pm: pluggy.PluginManager, plugin: object, label: str) -> None:
@@ -80,7 +82,14 @@ def declared_phases(impls: Iterable[Any]) -> frozenset[str]:
     return frozenset(names)
 
 
-CACHEABLE_VOTE = "mtp_hooks_cacheable_vote"  # set by mtp_hooks.framework.cacheable_vote
+CACHEABLE_VOTE = "mtp_hooks_cacheable_vote"  # set by mark_cacheable
+
+
+def mark_cacheable(hook: F) -> F:
+    """Mark a ``should_run_mtp`` implementation as a cacheable vote (see
+    :func:`mtp_hooks.framework.cacheable_vote`)."""
+    setattr(hook, CACHEABLE_VOTE, True)
+    return hook
 
 
 def all_cacheable(impls: list[Any]) -> bool:

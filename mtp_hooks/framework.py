@@ -14,8 +14,21 @@ from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from . import _generation
+from ._controller import AcceptanceController
 from ._errors import PolicyError
-from ._plugin_checks import CACHEABLE_VOTE
+from ._plugin_checks import mark_cacheable
+
+__all__ = [
+    "AcceptanceController",
+    "MISSING",
+    "RoleSettings",
+    "as_mapping",
+    "cacheable_vote",
+    "framework_imported",
+    "loss_scale_schedule",
+    "read_key",
+    "votes_changed",
+]
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -121,8 +134,7 @@ def cacheable_vote(hook: F) -> F:
         ... def should_run_mtp(model, phase):
         ...     return phase != "eval"
     """
-    setattr(hook, CACHEABLE_VOTE, True)
-    return hook
+    return mark_cacheable(hook)
 
 
 def votes_changed() -> None:

@@ -197,3 +197,39 @@ def metrics_under_tp(rank: int) -> dict:
         "training": [list(in_training.loss), list(in_training.acceptance)],
         "megatron": [tracker[losses_key].tolist(), megatron_acceptance],
     }
+
+
+def controller_decisions(rank: int) -> dict:
+    """Each rank collects its own eval figures (rank 0 a good drafter, rank 1 a poor one);
+    update() reduces them over the data-parallel group, token-weighted, so both ranks decide
+    the same weight."""
+    from mtp_hooks.framework import AcceptanceController
+
+    controller = AcceptanceController(target=1.0, below=0.3, above=None)
+    mtp_hooks.register(controller, name="drafter")
+    local = [(1.6, 100), (0.2, 300)][rank]  # pooled: (160 + 60) / 400 = 0.55 -> below
+    controller.mtp_metrics(
+        None,
+        "eval",
+        mtp_hooks.MTPMetrics(
+            loss=(2.0,),
+            acceptance=(0.5,),
+            tokens=(local[1],),
+            forwards=1,
+            chain_acceptance=(0.5,),
+            accepted_length=local[0],
+        ),
+    )
+    first = controller.update()
+    second = controller.update(
+        mtp_hooks.MTPMetrics(
+            loss=(2.0,),
+            acceptance=(0.5,),
+            tokens=(100,),
+            forwards=1,
+            chain_acceptance=(0.5,),
+            accepted_length=[1.9, 1.5][rank],
+        )
+    )  # pooled over window 1: 1.7 -> above -> skip
+    decision = mtp_hooks.decide(None, "train")
+    return {"weights": [first, second], "value": controller.value, "run": decision.run}

@@ -1,0 +1,208 @@
+"""A closed loop that keeps the MTP drafter fresh: the training MTP weight set from its acceptance.
+
+:class:`AcceptanceController` is a plugin object, exported as
+``mtp_hooks.framework.AcceptanceController``. It collects the :class:`mtp_hooks.MTPMetrics` of
+recorded forwards (``eval=run+metrics``), and at :meth:`~AcceptanceController.update`, which
+every rank calls at the same point of the loop, it pools the last ``window`` updates' figures
+(weighted by positions, reduced across the data-parallel ranks) and picks the training-phase
+action: one MTP loss weight while the drafter is below the target, another weight, or a skip,
+once it is at or above it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from . import _generation, _phases
+from ._errors import PolicyError
+from ._metrics import MTPMetrics
+from ._plugin_checks import mark_cacheable
+from .hookspecs import hookimpl
+
+if TYPE_CHECKING:
+    import torch
+
+METRICS = ("accepted_length", "acceptance", "chain_acceptance")
+
+
+def _weight(value: float | None, name: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise PolicyError(f"AcceptanceController: {name} must be a weight >= 0 or None (skip)")
+    if not math.isfinite(value):
+        raise PolicyError(f"AcceptanceController: {name} must be finite, got {value!r}")
+    return float(value)
+
+
+class AcceptanceController:
+    """Sets the MTP loss weight of ``phase`` from the drafter's recent acceptance.
+
+    Args:
+        target: The value of ``metric`` the drafter should reach.
+        below: The MTP loss weight while the pooled metric is below ``target``.
+        above: The weight once it is at or above ``target``; ``None`` skips MTP then.
+        metric: ``"accepted_length"`` (mean greedy chain length, the default),
+            ``"acceptance"`` or ``"chain_acceptance"`` (at ``depth``).
+        depth: The MTP depth that ``acceptance``/``chain_acceptance`` read (1 = first).
+        window: How many :meth:`update` calls' figures are pooled for a decision.
+        watch: The phase whose recorded metrics are collected (``"eval"``).
+        phase: The phase whose MTP weight is controlled (``"train"``).
+        group: The process group the figures are reduced over; ``None``: megatron's data-parallel
+            group where megatron is initialized, else the default group. Without
+            ``torch.distributed`` nothing is reduced.
+
+    Before the first :meth:`update` that has figures, the ``below`` weight applies (train
+    the drafter until it is known to be good). The decision is deterministic and changes only
+    at :meth:`update`, never inside a step.
+
+    Example:
+        >>> import mtp_hooks
+        >>> from mtp_hooks.framework import AcceptanceController
+        >>> controller = AcceptanceController(target=1.5, below=0.3, above=0.1)
+        >>> mtp_hooks.register(controller, name="drafter")
+        'drafter'
+        >>> metrics = mtp_hooks.MTPMetrics(loss=(2.0, 2.5), acceptance=(0.7, 0.5),
+        ...     tokens=(100, 99), forwards=1, chain_acceptance=(0.7, 0.4), accepted_length=1.1)
+        >>> controller.update(metrics)
+        0.3
+        >>> mtp_hooks.decide(None, "train").loss_scale
+        0.3
+    """
+
+    def __init__(
+        self,
+        *,
+        target: float,
+        below: float | None,
+        above: float | None,
+        metric: str = "accepted_length",
+        depth: int = 1,
+        window: int = 1,
+        watch: _phases.PhaseLike = "eval",
+        phase: _phases.PhaseLike = "train",
+        group: Any = None,
+    ) -> None:
+        if metric not in METRICS:
+            raise PolicyError(f"AcceptanceController: metric must be one of {METRICS}")
+        if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
+            raise PolicyError("AcceptanceController: depth must be an int >= 1")
+        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+            raise PolicyError("AcceptanceController: window must be an int >= 1")
+        if isinstance(target, bool) or not isinstance(target, (int, float)):
+            raise PolicyError("AcceptanceController: target must be a number")
+        self.target, self.metric, self.depth = float(target), metric, depth
+        self.below, self.above = _weight(below, "below"), _weight(above, "above")
+        self.watch = str(_phases.normalize(watch, "AcceptanceController watch"))
+        self.phase = str(_phases.normalize(phase, "AcceptanceController phase"))
+        self.group = group
+        self.pending: list[MTPMetrics] = []  # collected since the last update
+        self.history: deque[tuple[float, float]] = deque(maxlen=window)  # (sum, weight)
+        self.value: float | None = None  # the pooled metric of the last decision
+        self.weight: float | None = self.below  # what the controlled phase runs with
+
+    # -- feeding and deciding -------------------------------------------------------------
+    def collect(self, metrics: MTPMetrics) -> None:
+        """Keep ``metrics`` for the next :meth:`update` (this rank only; no communication)."""
+        self.pending.append(metrics)
+
+    def update(self, *metrics: MTPMetrics) -> float | None:
+        """Pool what was collected (and ``metrics``), reduce it across ranks, and decide.
+
+        A collective under ``torch.distributed``: call it on every rank of the group at the
+        same point of the loop (after evaluation, at a log interval). Returns the weight the
+        controlled phase now runs with; ``None`` means skip.
+        """
+        batch, self.pending = [*self.pending, *metrics], []
+        pooled_each = [self._pooled(m) for m in batch]
+        total = (sum(v for v, _ in pooled_each), sum(w for _, w in pooled_each))
+        value_sum, weight = _reduce(total, self.group)
+        if weight > 0:
+            self.history.append((value_sum, weight))
+        pooled = sum(w for _, w in self.history)
+        if pooled > 0:
+            self.value = sum(v for v, _ in self.history) / pooled
+            chosen = self.below if self.value < self.target else self.above
+            if chosen != self.weight:
+                self.weight = chosen
+                _generation.advance()  # gates ask again at their next forward
+        return self.weight
+
+    def _pooled(self, m: MTPMetrics) -> tuple[float, float]:
+        """``(metric * positions, positions)`` of one :class:`MTPMetrics`."""
+        if not m.tokens:
+            return (0.0, 0.0)
+        if self.metric == "accepted_length":
+            return (m.accepted_length * m.tokens[0], float(m.tokens[0]))
+        index = self.depth - 1
+        if index >= len(m.tokens):
+            raise PolicyError(
+                f"AcceptanceController: depth {self.depth} was asked for, but the recorded "
+                f"model has {len(m.tokens)} MTP depth(s)"
+            )
+        values = m.acceptance if self.metric == "acceptance" else m.chain_acceptance
+        return (values[index] * m.tokens[index], float(m.tokens[index]))
+
+    # -- the plugin's hooks ---------------------------------------------------------------------
+    @hookimpl
+    def mtp_metrics(
+        self, model: torch.nn.Module, phase: _phases.PhaseLike, metrics: MTPMetrics
+    ) -> None:
+        """Collects the watched phase's figures."""
+        if str(phase) == self.watch:
+            self.collect(metrics)
+
+    @hookimpl
+    @mark_cacheable  # the vote changes only at update(), which tells the gates
+    def should_run_mtp(
+        self, model: torch.nn.Module | None, phase: _phases.PhaseLike
+    ) -> bool | None:
+        """Skips the controlled phase while the decision is a skip; abstains otherwise."""
+        return False if str(phase) == self.phase and self.weight is None else None
+
+    @hookimpl
+    def mtp_loss_scale(
+        self, model: torch.nn.Module | None, phase: _phases.PhaseLike
+    ) -> float | None:
+        """The controlled phase's weight."""
+        return self.weight if str(phase) == self.phase else None
+
+    def __repr__(self) -> str:
+        action = "skip" if self.weight is None else f"run:{self.weight:g}"
+        return (
+            f"AcceptanceController({self.metric} target {self.target:g}: now {action}, "
+            f"pooled {self.value})"
+        )
+
+
+def _reduce(total: tuple[float, float], group: Any) -> tuple[float, float]:
+    """Sum ``total`` over ``group`` (every rank gets the same sums); as is without a group."""
+    try:
+        import torch
+    except ImportError:
+        return total
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()):
+        return total
+    if group is None:
+        group = _data_parallel_group()
+    device: Any = "cpu"
+    if dist.get_backend(group) == "nccl":
+        device = torch.device("cuda", torch.cuda.current_device())
+    tensor = torch.tensor(total, dtype=torch.float64, device=device)
+    dist.all_reduce(tensor, group=group)
+    value_sum, weight = tensor.tolist()
+    return value_sum, weight
+
+
+def _data_parallel_group() -> Any:
+    """megatron's data-parallel group where megatron is initialized, else the default group."""
+    try:
+        from megatron.core import parallel_state
+    except ImportError:
+        return None
+    initialized: Callable[[], bool] = parallel_state.model_parallel_is_initialized
+    return parallel_state.get_data_parallel_group() if initialized() else None
