@@ -31,16 +31,9 @@ import time
 import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-CASES = ("a_mtp_no_hooks", "b_hooks_run", "c_hooks_skip", "d_built_without_mtp", "e_run_metrics")
-LABELS = {
-    "a_mtp_no_hooks": "(a) MTP model, no hooks",
-    "b_hooks_run": "(b) hooks, policy run",
-    "c_hooks_skip": "(c) hooks, policy skip",
-    "d_built_without_mtp": "(d) built without MTP",
-    "e_run_metrics": "(e) hooks, run, eval +metrics",
-}
-TIMINGS = ("train", "fwd", "eval")
+from gpu_mtp_report import CASES, TIMINGS, plot, stem, table  # noqa: E402
 
 
 def build(kind: str, mtp: bool, args):
@@ -215,102 +208,6 @@ def projection_ms(model, labels, args) -> float:
     return statistics.median(times[args.warmup :])
 
 
-def table(result: dict) -> str:
-    cases = result["cases"]
-    lines = [
-        f"**{result['model']}**, {_precision(result)}, on {result['gpu']}, "
-        f"megatron-core {result['megatron_core']}, "
-        f"{result['mtp_model_params'] / 1e9:.2f}B params "
-        f"({result['mtp_params'] / 1e9:.2f}B in MTP); "
-        f"median of {result['iters']} after {result['warmup']} warm-ups, cases interleaved.",
-        "",
-        "| case | train step median (min-max) | log-prob forward median (min-max) "
-        "| eval forward median (min-max) | peak extra mem, train | peak extra mem, eval |",
-        "|---|---|---|---|---|---|",
-    ]
-    for case in CASES:
-        c = cases[case]
-        cells = [
-            f"{c[f'{t}_ms_median']:.1f} ms ({c[f'{t}_ms_min']:.1f}-{c[f'{t}_ms_max']:.1f})"
-            for t in TIMINGS
-        ]
-        lines.append(
-            f"| {LABELS[case]} | {' | '.join(cells)} "
-            f"| {c['train_peak_extra_gib']:.2f} GiB | {c['eval_peak_extra_gib']:.2f} GiB |"
-        )
-    a, b, c_, d, e = (cases[k] for k in CASES)
-
-    def ratio(x, y, key):
-        return f"{x[key] / y[key]:.4f}" if y[key] else "n/a"
-
-    extra = e["eval_ms_median"] - a["eval_ms_median"]
-    lines += [
-        "",
-        "| ratio | train time | log-prob time | eval time | train memory | goal |",
-        "|---|---|---|---|---|---|",
-    ]
-    for label, x, y, goal in (
-        ("(c)/(d) skip vs built without MTP", c_, d, "within 1%"),
-        ("(b)/(a) hooks run vs no hooks", b, a, "within 0.5%"),
-        ("(c)/(a) skip vs MTP run", c_, a, "saving"),
-        ("(e)/(a) eval +metrics vs no hooks", e, a, "eval: one projection per depth"),
-    ):
-        times = " | ".join(ratio(x, y, f"{t}_ms_median") for t in TIMINGS)
-        lines.append(f"| {label} | {times} | {ratio(x, y, 'train_peak_extra_gib')} | {goal} |")
-    lines += [
-        "",
-        f"Metrics cost: (e) - (a) eval forward = {extra:.2f} ms; one output-layer projection with "
-        f"its cross-entropy and top-1, timed alone: {result['projection_ms_median']:.2f} ms "
-        f"(ratio {extra / result['projection_ms_median']:.2f}; MTP depth 1). Recorded: "
-        f"loss {result['recorded_metrics']['loss'][0]:.3f}, "
-        f"acceptance {result['recorded_metrics']['acceptance'][0]:.4f}.",
-    ]
-    return "\n".join(lines)
-
-
-def _precision(result: dict) -> str:
-    """How the benchmarked model was built: layer spec and precision."""
-    spec = "TE layer specs" if result.get("spec") == "te" else "local layer specs"
-    fp8 = result.get("fp8")
-    return f"{spec}, " + (f"FP8 {fp8} recipe" if fp8 else "bf16")
-
-
-def _stem(result: dict) -> str:
-    """The results file name: gpu_mtp_<model>[_te][_<fp8 recipe>]."""
-    parts = [f"gpu_mtp_{result['model']}"]
-    if result.get("spec") == "te":
-        parts.append("te")
-    if result.get("fp8"):
-        parts.append(result["fp8"])
-    return "_".join(parts)
-
-
-def plot(results: list[dict], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(results), figsize=(6 * len(results), 4), squeeze=False)
-    for ax, result in zip(axes[0], results, strict=True):
-        cases = result["cases"]
-        x = range(len(CASES))
-        train = [cases[c]["train_ms_median"] for c in CASES]
-        fwd = [cases[c]["fwd_ms_median"] for c in CASES]
-        ax.bar([i - 0.2 for i in x], train, width=0.4, label="train step")
-        ax.bar([i + 0.2 for i in x], fwd, width=0.4, label="forward only")
-        ax.set_xticks(list(x), [LABELS[c].split(") ")[0] + ")" for c in CASES])
-        ax.set_ylabel("median ms")
-        ax.set_title(
-            f"{result['model']} ({_precision(result)}): "
-            f"{result['mtp_model_params'] / 1e9:.2f}B, {result['gpu']}"
-        )
-        ax.legend()
-    fig.suptitle("(a) MTP, no hooks (b) run (c) skip (d) built without MTP (e) run, eval +metrics")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=["gpt", "hybrid"], default="gpt")
@@ -337,10 +234,10 @@ def main() -> None:
     print(table(result))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        with open(os.path.join(args.out, f"{_stem(result)}.json"), "w") as fh:
+        with open(os.path.join(args.out, f"{stem(result)}.json"), "w") as fh:
             json.dump(result, fh, indent=2)
         try:
-            plot([result], os.path.join(args.out, f"{_stem(result)}.png"))
+            plot([result], os.path.join(args.out, f"{stem(result)}.png"))
         except ImportError:
             print("matplotlib not installed: no chart (use --plot later)", file=sys.stderr)
 
