@@ -209,28 +209,17 @@ def freeze_mtp_parameters(
     this megatron-core cannot hold still.
     """
     params = [named for m in models if has_mtp(m) for named in mtp_only_parameters(m)]
-    if wrappers or any(hasattr(p, "main_grad") for _, p in params):
-        raise UnsupportedModelError(
-            "mtp_hooks.freeze_mtp must be called before the model is wrapped in DDP: the wrapper "
-            "has already put the MTP parameters in its gradient buckets. Call freeze_mtp on the "
-            "bare GPTModel/HybridModel, then wrap it."
-        )
     routers = [r for m in models if has_mtp(m) for r in mtp_routers_with_expert_bias(m)]
-    if any(not hasattr(r, "frozen_expert_bias") for r in routers):
-        raise UnsupportedModelError(
-            "mtp_hooks.freeze_mtp: the MTP block has MoE routers with an expert bias "
-            "(moe_router_enable_expert_bias=True), which finalize_model_grads moves whenever the "
-            "module is in training mode, and this megatron-core's router has no "
-            "frozen_expert_bias flag to stop it, so the MTP layer cannot be frozen. Use a "
-            "megatron-core whose TopKRouter has frozen_expert_bias (0.19 has it), set "
-            "moe_router_enable_expert_bias=False, or skip MTP by policy instead (a skipped "
-            "router counts no tokens, so its bias does not move)."
-        )
-    for _, param in params:
-        param.requires_grad_(False)
-    for router in routers:
-        router.frozen_expert_bias = True
-    return [name for name, _ in params]
+    wrapped = bool(wrappers) or any(hasattr(p, "main_grad") for _, p in params)
+    return _freeze(
+        "freeze_mtp",
+        "the MTP block",
+        params,
+        routers,
+        wrapped,
+        ", or skip MTP by policy instead (a skipped router counts no tokens, so its bias does "
+        "not move)",
+    )
 
 
 def freeze_trunk_parameters(
@@ -238,7 +227,7 @@ def freeze_trunk_parameters(
 ) -> list[str]:
     """Set ``requires_grad=False`` on every parameter that is not MTP-only, and freeze the
     expert bias of the trunk's MoE routers: the mirror of :func:`freeze_mtp_parameters`, with
-    the same refusals."""
+    the same refusals, and one more: a model without MTP."""
     if not any(has_mtp(m) for m in models):
         raise UnsupportedModelError(
             "mtp_hooks.freeze_trunk: the model has no MTP block on this rank, so it would freeze "
@@ -247,26 +236,41 @@ def freeze_trunk_parameters(
         )
     keep = {id(p) for m in models if has_mtp(m) for _, p in mtp_only_parameters(m)}
     params = [(name, p) for m in models for name, p in m.named_parameters() if id(p) not in keep]
-    if wrappers or any(hasattr(p, "main_grad") for m in models for p in m.parameters()):
-        raise UnsupportedModelError(
-            "mtp_hooks.freeze_trunk must be called before the model is wrapped in DDP: the "
-            "wrapper has already put the trunk parameters in its gradient buckets. Call "
-            "freeze_trunk on the bare GPTModel/HybridModel, then wrap it."
-        )
-    mtp_routers = {id(r) for m in models if has_mtp(m) for r in mtp_routers_with_expert_bias(m)}
-    routers: list[Any] = [
+    in_mtp = {id(r) for m in models if has_mtp(m) for r in mtp_routers_with_expert_bias(m)}
+    routers = [
         r
         for m in models
         for r in m.modules()
-        if getattr(r, "expert_bias", None) is not None and id(r) not in mtp_routers
+        if getattr(r, "expert_bias", None) is not None and id(r) not in in_mtp
     ]
+    wrapped = bool(wrappers) or any(hasattr(p, "main_grad") for m in models for p in m.parameters())
+    return _freeze("freeze_trunk", "the trunk", params, routers, wrapped)
+
+
+def _freeze(
+    name: str,
+    part: str,
+    params: list[tuple[str, torch.nn.Parameter]],
+    routers: list[Any],
+    wrapped: bool,
+    other_fix: str = "",
+) -> list[str]:
+    """Freeze ``params`` and the expert bias of ``routers`` (``part`` of the model), or refuse
+    for ``mtp_hooks.<name>``, changing nothing, what cannot be frozen."""
+    if wrapped:
+        raise UnsupportedModelError(
+            f"mtp_hooks.{name} must be called before the model is wrapped in DDP: the wrapper "
+            f"has already put the parameters of {part} in its gradient buckets. Call {name} on "
+            "the bare GPTModel/HybridModel, then wrap it."
+        )
     if any(not hasattr(r, "frozen_expert_bias") for r in routers):
         raise UnsupportedModelError(
-            "mtp_hooks.freeze_trunk: the trunk has MoE routers with an expert bias "
+            f"mtp_hooks.{name}: {part} has MoE routers with an expert bias "
             "(moe_router_enable_expert_bias=True), which finalize_model_grads moves whenever the "
             "module is in training mode, and this megatron-core's router has no "
-            "frozen_expert_bias flag to stop it. Use a megatron-core whose TopKRouter has "
-            "frozen_expert_bias (0.19 has it) or set moe_router_enable_expert_bias=False."
+            "frozen_expert_bias flag to stop it, so they cannot be frozen. Use a megatron-core "
+            "whose TopKRouter has frozen_expert_bias (0.19 has it), set "
+            f"moe_router_enable_expert_bias=False{other_fix}."
         )
     for _, param in params:
         param.requires_grad_(False)
