@@ -9,10 +9,9 @@ config exactly as without mtp-hooks, and that answers the one changed field, suc
 before the instance dictionary).
 
 A view is an ``isinstance`` of the config's class and a dataclass with the same fields, of a
-class named for it (``TransformerConfigView``); its ``__class__`` is the config's class, so
-``copy``, ``deepcopy``, ``pickle`` and ``dataclasses.replace`` turn it into a plain config object
-holding the changed value, and its ``repr`` is the config's. A config class whose instances have
-no ``__dict__``, or that defines ``__copy__``, gets a copy.
+class named for it (``TransformerConfigView``). ``copy``, ``deepcopy``, ``pickle`` and
+``dataclasses.replace`` turn it into a plain config object holding the changed value. A config
+class whose instances have no ``__dict__``, or that defines ``__copy__``, gets a copy.
 """
 
 from __future__ import annotations
@@ -49,6 +48,12 @@ def _plain_copy(cls: type, state: dict[str, Any]) -> Any:
     return new
 
 
+def _build_base(view_class: type, *args: Any, **kwargs: Any) -> Any:
+    """A plain config of the view class's base class, built from ``args`` and ``kwargs``."""
+    base: type = view_class._mtp_hooks_base[0]  # type: ignore[attr-defined]
+    return base(*args, **kwargs)
+
+
 _classes: dict[tuple[type, str], type | None] = {}  # (config class, field) -> view class
 
 
@@ -62,9 +67,10 @@ def _view_class(cls: type, name: str) -> type | None:
         "__module__": __name__,
         "__qualname__": f"{cls.__qualname__}View",
         "__reduce__": _reduce,
-        # What copies and dataclasses.replace() build from: the real class (isinstance checks
-        # consult type() first, so a view stays an instance of both).
-        "__class__": property(lambda view: cls),
+        # Calling the view class (dataclasses.replace does) builds the config's own class.
+        # Views themselves are made with object.__new__, and __class__ stays the view class:
+        # torch.compile reads fields through type(), and must see the changed one.
+        "__new__": _build_base,
         "_mtp_hooks_base": (cls, name),
         "__doc__": f"A {cls.__name__} whose {name} differs for one gated forward.",
     }

@@ -51,8 +51,9 @@ class GateState:
         self.ddp = ddp
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
         self.local_graphs = _cuda_graphs.implementation(model.config) == "local"
+        self.ep_overlap = bool(getattr(model.config, "overlap_moe_expert_parallel_comm", False))
         self.checks = verify or self.local_graphs  # a per-call check: decide at every call
-        self.policy_checked = -1  # the generation whose policy local graphs were checked for
+        self.policy_checked = -1  # the generation whose policy was checked against the above
         _refusals.refuse_unsupported_config(model.config)
         self.records: list[_calls.CallRecord] = []
         self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched]
@@ -102,8 +103,8 @@ class GateState:
         changes and no per-call check is on."""
         generation = _sources.generation()
         role = _roles.role_of(module)
-        if self.local_graphs and self.policy_checked != generation:
-            _cuda_graphs.check_policy(module, role)  # at the first forward, before any step
+        if self.policy_checked != generation:
+            self.check_policy(module, role)
             self.policy_checked = generation
         decision, cacheable = _decision.decide_normalized(module, phase, role)
         if self.verify:
@@ -115,6 +116,15 @@ class GateState:
         if cacheable:
             self.cache[phase] = entry
         return entry
+
+    def check_policy(self, module: torch.nn.Module, role: str | None) -> None:
+        """Refuse a policy this model's execution mode cannot follow: local CUDA graphs, the
+        combined 1F1B schedule. Called at attach and whenever the policy changes, so the news
+        comes before the first training step."""
+        if self.local_graphs:
+            _cuda_graphs.check_policy(module, role)
+        if self.ep_overlap:
+            _refusals.check_ep_overlap_policy(module, role)
 
     # -- helpers -------------------------------------------------------------------------------
     def _counters(self, phase: Any) -> list[int]:

@@ -12,13 +12,6 @@ from .._errors import UnsupportedModelError
 
 def refuse_unsupported_config(config: Any) -> None:
     """Refuse, at attach time, execution paths that never call ``Module.__call__``."""
-    if getattr(config, "overlap_moe_expert_parallel_comm", False):
-        raise UnsupportedModelError(
-            "mtp_hooks.attach: overlap_moe_expert_parallel_comm=True runs the combined 1F1B "
-            "schedule, which calls the model through build_schedule_plan and never runs forward "
-            "hooks, so MTP could not be gated. Set overlap_moe_expert_parallel_comm=False to use "
-            "mtp-hooks."
-        )
     if getattr(config, "mtp_standalone", False):
         raise UnsupportedModelError(
             "mtp_hooks.attach: this pipeline layout puts MTP on a standalone stage "
@@ -58,4 +51,33 @@ def refuse_compiling() -> None:
         "mtp_hooks: a gated model is running under torch.compile, where forward hooks "
         "with always_call=True do not run when forward raises. Run it uncompiled, or "
         "mtp_hooks.detach() it first."
+    )
+
+
+def check_ep_overlap_policy(model: Any, role: str | None) -> None:
+    """Refuse a training decision the combined 1F1B schedule cannot follow.
+
+    With ``overlap_moe_expert_parallel_comm=True`` megatron builds every training microbatch
+    through ``GPTModel.build_schedule_plan``, which calls no forward hook and includes the MTP
+    layers whenever the model has them (megatron-core 0.19.2, ``model_chunk_schedule_plan.py``);
+    forward-only passes (evaluation, log-probs) take the ordinary path through ``forward``. So
+    MTP runs in every training step as megatron decides, and only a plain ``run`` there is
+    honest; every other phase follows the policy.
+    """
+    from .. import _decision, _phases
+
+    decision = _decision.decide_normalized(model, _phases.Phase.TRAIN, role)[0]
+    if decision.run and decision.loss_scale is None and not decision.metrics:
+        return
+    what = "skip"
+    if decision.run:
+        what = f"run:{decision.loss_scale:g}" if decision.loss_scale is not None else "run+metrics"
+    raise UnsupportedModelError(
+        f"mtp_hooks: the policy says train={what} for a model with "
+        "overlap_moe_expert_parallel_comm=True. megatron's combined 1F1B schedule builds every "
+        "training microbatch with build_schedule_plan, which runs no forward hook and includes "
+        "the MTP layers whenever the model has them, so the training decision cannot be applied "
+        "(evaluation and other forward-only passes follow the policy: train=run, eval=skip "
+        "works). Set train=run for this model, or overlap_moe_expert_parallel_comm=False to gate "
+        "training too."
     )

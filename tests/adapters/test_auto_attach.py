@@ -77,7 +77,7 @@ def test_turning_auto_attach_off_stops_watching(build, batch, count_mtp):
 
 
 def test_an_unsupported_model_names_auto_attach_in_its_error(auto, build, batch):
-    model = build(overlap_moe_expert_parallel_comm=False)
-    model.config.overlap_moe_expert_parallel_comm = True  # refused at attach time
+    model = build()
+    model.config.mtp_standalone = True  # refused at attach time
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="MTP_HOOKS_AUTO"):
         model(*batch.args(), labels=batch.labels)
