@@ -1,6 +1,6 @@
 """The record of one gated model's forward calls that are running, or that were interrupted.
 
-Each call pushes one :class:`CallRecord` naming the interpreter frame that runs it (torch's own
+Each call pushes one :data:`CallRecord` naming the interpreter frame that runs it (torch's own
 hook-calling frame, alive exactly as long as the call). That makes three things decidable:
 
 * **Interrupted calls.** torch runs ``always_call`` hooks for ``Exception`` only, so a
@@ -28,36 +28,23 @@ through one crashed CPython 3.11 (``tests/stress``).
 from __future__ import annotations
 
 import copy
-import functools
 import sys
 import threading
 import weakref
 from types import FrameType
-from typing import Any, Final, NamedTuple
+from typing import Any, Final
 
 from .._errors import MTPHooksError, UnsupportedModelError
 
-
-class CallRecord(NamedTuple):
-    """One forward call of a gated model that is running, or that was interrupted.
-
-    The hot path builds records with :data:`new_record` (``tuple.__new__``, skipping the
-    Python-level ``__new__`` of a named tuple); fields read at C speed.
-    """
-
-    thread: int
-    """The ident of the thread running the call (``0`` in the record a copy starts with)."""
-    owner: FrameType | None
-    """The interpreter frame running the call; ``None``: the call is over already."""
-    restore: tuple[Any, Any] | None
-    """``(mtp_process, config)`` to put back when the call ends; ``None``: nothing changed."""
-    settle: bool
-    """Whether a skip owes Megatron DDP a settlement after forward."""
-    kwargs: Any
-    """The kwargs dict torch handed the call's hooks, which names the call in the forward hook."""
-
-
-new_record: Final = functools.partial(tuple.__new__, CallRecord)
+# One forward call of a gated model that is running, or that was interrupted. A plain tuple,
+# read through the field numbers below: one is built per forward, and a named tuple costs four
+# times a tuple literal to build (docs/benchmarks.md).
+CallRecord = tuple[int, FrameType | None, tuple[Any, Any] | None, bool, Any]
+THREAD: Final = 0  # the ident of the thread running the call (0: the record a copy starts with)
+OWNER: Final = 1  # the interpreter frame running the call; None: the call is over already
+RESTORE: Final = 2  # (mtp_process, config) to put back when the call ends; None: nothing changed
+SETTLE: Final = 3  # whether a skip owes Megatron DDP a settlement after forward
+KWARGS: Final = 4  # the kwargs dict torch handed the call's hooks, which names it in the hooks
 
 _set = object.__setattr__
 
@@ -77,7 +64,7 @@ def prune(records: list[CallRecord], module: Any, finished: FrameType | None) ->
     alive = _live_threads() if other_thread(snapshot, me) else ()
     here = sys._getframe()
     for record in reversed(snapshot):
-        thread, owner, restore = record.thread, record.owner, record.restore
+        thread, owner, restore = record[THREAD], record[OWNER], record[RESTORE]
         if owner is not None and owner is not finished:
             if thread != me and thread in alive:
                 continue
@@ -122,22 +109,22 @@ def pop_own(records: list[CallRecord], kwargs: Any, caller: FrameType) -> CallRe
     then the frame does, unless forward raised (torch's exception handler calls the hook).
     """
     snapshot = records[:]
-    for key, field in ((kwargs, "kwargs"), (caller, "owner")):
+    for key, field in ((kwargs, KWARGS), (caller, OWNER)):
         for record in reversed(snapshot):
-            if getattr(record, field) is key and _discard(records, record):
+            if record[field] is key and _discard(records, record):
                 return record
     return None
 
 
 def other_thread(records: list[CallRecord], thread: int) -> bool:
     """Whether a call of another thread than ``thread`` is recorded."""
-    return any(record.thread != thread for record in records[:])
+    return any(record[THREAD] != thread for record in records[:])
 
 
 def refuse_concurrent(records: list[CallRecord], module: Any, decision: str) -> None:
     """Raise :class:`MTPHooksError` for a call that would change gates another thread uses."""
     me = threading.get_ident()
-    others = sorted({record.thread for record in records[:] if record.thread != me})
+    others = sorted({r[THREAD] for r in records[:] if r[THREAD] != me})
     raise MTPHooksError(
         f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
         f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "
@@ -178,7 +165,7 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     new._model = weakref.ref(memo[id(model)])
     new.ddp = DDPState(memo[id(model)], [])
     new.base = copy.deepcopy(gate.base, memo)
-    new.records = [CallRecord(0, None, new.base, False, None)] if gate.records else []
+    new.records = [(0, None, new.base, False, None)] if gate.records else []
     new.counts, new.cache, new.loss_scales, new.recorder = {}, {}, {}, None
     new.policy_checked = -1
     new.views = Views()

@@ -34,7 +34,9 @@ from ._gate_state import Entry, GateState
 _RUN, _SKIP, _UNTOUCHED = range(3)  # slots of a phase's counters
 _get_ident = threading.get_ident
 _getframe = sys._getframe
-_record = _calls.new_record
+_RESTORE: Final = _calls.RESTORE
+_SETTLE: Final = _calls.SETTLE
+_KWARGS: Final = _calls.KWARGS
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
@@ -135,7 +137,7 @@ class MTPGate(GateState):
                 self.base = base = current
                 toggled = False
             if run is None:
-                records.append(_record((thread, owner, None, False, kwargs)))
+                records.append((thread, owner, None, False, kwargs))
                 return None
             if not run:
                 return self._skip(module, owner, thread, cached.counters, current, kwargs)
@@ -145,9 +147,9 @@ class MTPGate(GateState):
                 _calls.refuse_concurrent(self.records, module, "run")
             cached.counters[_RUN] += 1
             if not toggled:
-                records.append(_record((thread, owner, None, False, kwargs)))
+                records.append((thread, owner, None, False, kwargs))
                 return None
-            records.append(_record((thread, owner, current, False, kwargs)))
+            records.append((thread, owner, current, False, kwargs))
             _calls.put_back(module, base)
             return None
         finally:
@@ -162,10 +164,10 @@ class MTPGate(GateState):
             top: _calls.CallRecord | None = records[-1]
         except IndexError:
             top = None
-        if top is None or top.kwargs is not kwargs:  # threads interleave, forward raised, or a
+        if top is None or top[_KWARGS] is not kwargs:  # threads interleave, forward raised, or a
             top = self._pop_and_restore(module, kwargs, _getframe(1))  # later hook replaced kwargs
         else:
-            restore = top.restore
+            restore = top[_RESTORE]
             if restore is None:  # the call's own record, which changed nothing: list.remove is
                 records.remove(top)  # atomic, and only this call removes it, so no lock is needed
             else:
@@ -180,7 +182,7 @@ class MTPGate(GateState):
                 self._finish_removal()
         if self.recorder is not None:
             self.recorder.end(module, completed=output is not None)
-        if top is not None and top.settle and output is not None:
+        if top is not None and top[_SETTLE] and output is not None:
             return self.ddp.after_skipped_forward(output)
         return None
 
@@ -192,7 +194,7 @@ class MTPGate(GateState):
         with self.lock:
             frame = _calls.pop_own(self.records, kwargs, caller)
             _calls.prune(self.records, module, caller)
-            restore = None if frame is None else frame.restore
+            restore = None if frame is None else frame[_RESTORE]
             if restore is not None:
                 _calls.put_back(module, restore)
         if self.removed:
@@ -216,7 +218,7 @@ class MTPGate(GateState):
         cached.counters[_RUN] += 1
         assert cached.loss_scale is not None
         self.loss_scales[phase] = cached.loss_scale
-        self.records.append(_record((thread, owner, current, False, kwargs)))
+        self.records.append((thread, owner, current, False, kwargs))
         base_mtp_process, base_config = self.base
         weighted = self.views.get(base_config, "mtp_loss_scaling_factor", cached.loss_scale)
         _calls.put_back(module, (base_mtp_process, weighted))
@@ -237,7 +239,7 @@ class MTPGate(GateState):
         if self.records and _calls.other_thread(self.records, thread):
             _calls.refuse_concurrent(self.records, module, "skip")
         counters[_SKIP] += 1
-        self.records.append(_record((thread, owner, current, settle, kwargs)))
+        self.records.append((thread, owner, current, settle, kwargs))
         _set(module, "config", self.views.get(self.base[1], "mtp_num_layers", None))
         if self.native:
             # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
