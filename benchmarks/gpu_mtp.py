@@ -33,7 +33,7 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_mtp_report import CASES, TIMINGS, plot, stem, table  # noqa: E402
+from gpu_mtp_report import CASES, PAIRS, TIMINGS, plot, stem, table  # noqa: E402
 
 
 def build(kind: str, mtp: bool, args):
@@ -173,6 +173,15 @@ def run(args) -> dict:
                 }
             )
     projection = projection_ms(mtp_model, labels, args)
+    paired = {  # median over iterations of the ratio within the iteration: drift cancels
+        f"{x}/{y}": {
+            t: statistics.median(
+                p / q for p, q in zip(results[x][f"{t}_ms"], results[y][f"{t}_ms"], strict=True)
+            )
+            for t in TIMINGS
+        }
+        for x, y in PAIRS
+    }
     return {
         "benchmark": "gpu_mtp",
         "model": args.model,
@@ -186,6 +195,7 @@ def run(args) -> dict:
         "sizes": {k: getattr(args, k) for k in ("hidden", "layers", "ffn", "vocab", "seq")},
         **params,
         "cases": summary,
+        "paired_ratios": paired,
         "projection_ms_median": projection,
         "recorded_metrics": {"loss": recorded[-1].loss, "acceptance": recorded[-1].acceptance},
     }

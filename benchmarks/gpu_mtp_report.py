@@ -12,6 +12,13 @@ LABELS = {
     "e_run_metrics": "(e) hooks, run, eval +metrics",
 }
 TIMINGS = ("train", "fwd", "eval")
+# The ratios reported, as (case, reference case): keys of a result's "paired_ratios".
+PAIRS = (
+    ("c_hooks_skip", "d_built_without_mtp"),
+    ("b_hooks_run", "a_mtp_no_hooks"),
+    ("c_hooks_skip", "a_mtp_no_hooks"),
+    ("e_run_metrics", "a_mtp_no_hooks"),
+)
 
 
 def table(result: dict) -> str:
@@ -48,14 +55,22 @@ def table(result: dict) -> str:
         "| ratio | train time | log-prob time | eval time | train memory | goal |",
         "|---|---|---|---|---|---|",
     ]
-    for label, x, y, goal in (
-        ("(c)/(d) skip vs built without MTP", c_, d, "within 1%"),
-        ("(b)/(a) hooks run vs no hooks", b, a, "within 0.5%"),
-        ("(c)/(a) skip vs MTP run", c_, a, "saving"),
-        ("(e)/(a) eval +metrics vs no hooks", e, a, "eval: one projection per depth"),
+    paired = result.get("paired_ratios", {})
+    for (label, x, y, goal), key in zip(
+        (
+            ("(c)/(d) skip vs built without MTP", c_, d, "within 1%"),
+            ("(b)/(a) hooks run vs no hooks", b, a, "within 0.5%"),
+            ("(c)/(a) skip vs MTP run", c_, a, "saving"),
+            ("(e)/(a) eval +metrics vs no hooks", e, a, "eval: one projection per depth"),
+        ),
+        (f"{x}/{y}" for x, y in PAIRS),
+        strict=True,
     ):
         times = " | ".join(ratio(x, y, f"{t}_ms_median") for t in TIMINGS)
         lines.append(f"| {label} | {times} | {ratio(x, y, 'train_peak_extra_gib')} | {goal} |")
+        if key in paired:  # results from before paired ratios were recorded have none
+            cells = " | ".join(f"{paired[key][t]:.4f}" for t in TIMINGS)
+            lines.append(f"| {label}, paired per iteration | {cells} | | |")
     lines += [
         "",
         f"Metrics cost: (e) - (a) eval forward = {extra:.2f} ms; one output-layer projection with "
