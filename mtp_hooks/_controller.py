@@ -117,9 +117,22 @@ class AcceptanceController:
         controlled phase now runs with; ``None`` means skip.
         """
         batch, self.pending = [*self.pending, *metrics], []
-        pooled_each = [self._pooled(m) for m in batch]
-        total = (sum(v for v, _ in pooled_each), sum(w for _, w in pooled_each))
-        value_sum, weight = _reduce(total, self.group)
+        usable = [
+            m for m in batch if self.metric == "accepted_length" or len(m.tokens) >= self.depth
+        ]
+        pooled_each = [self._pooled(m) for m in usable]
+        total = (
+            sum(v for v, _ in pooled_each),
+            sum(w for _, w in pooled_each),
+            float(len(batch) - len(usable)),  # figures of a model shallower than ``depth``
+        )
+        value_sum, weight, shallow = _reduce(total, self.group)
+        if shallow:  # on every rank alike: the count went through the collective
+            raise PolicyError(
+                f"AcceptanceController: {self.metric} at depth {self.depth} was asked for, but "
+                f"{int(shallow)} recorded figure(s) come from a model with fewer MTP depths; "
+                "give a depth the model has"
+            )
         if weight > 0:
             self.history.append((value_sum, weight))
         pooled = sum(w for _, w in self.history)
@@ -138,11 +151,6 @@ class AcceptanceController:
         if self.metric == "accepted_length":
             return (m.accepted_length * m.tokens[0], float(m.tokens[0]))
         index = self.depth - 1
-        if index >= len(m.tokens):
-            raise PolicyError(
-                f"AcceptanceController: depth {self.depth} was asked for, but the recorded "
-                f"model has {len(m.tokens)} MTP depth(s)"
-            )
         values = m.acceptance if self.metric == "acceptance" else m.chain_acceptance
         return (values[index] * m.tokens[index], float(m.tokens[index]))
 
@@ -178,7 +186,7 @@ class AcceptanceController:
         )
 
 
-def _reduce(total: tuple[float, float], group: Any) -> tuple[float, float]:
+def _reduce(total: tuple[float, ...], group: Any) -> tuple[float, ...]:
     """Sum ``total`` over ``group`` (every rank gets the same sums); as is without a group."""
     try:
         import torch
@@ -194,8 +202,7 @@ def _reduce(total: tuple[float, float], group: Any) -> tuple[float, float]:
         device = torch.device("cuda", torch.cuda.current_device())
     tensor = torch.tensor(total, dtype=torch.float64, device=device)
     dist.all_reduce(tensor, group=group)
-    value_sum, weight = tensor.tolist()
-    return value_sum, weight
+    return tuple(tensor.tolist())
 
 
 def _data_parallel_group() -> Any:

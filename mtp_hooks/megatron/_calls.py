@@ -5,7 +5,7 @@ hook-calling frame, alive exactly as long as the call). That makes three things 
 
 * **Interrupted calls.** torch runs ``always_call`` hooks for ``Exception`` only, so a
   ``KeyboardInterrupt`` or ``SystemExit`` leaves a record whose interpreter frame is gone from
-  every thread's stack. :func:`prune` finds it and restores what the call changed.
+  its thread's stack. :func:`prune` finds it and restores what the call changed.
 * **Threads.** Records carry their thread. A call that would change the shared gates while
   another thread's forward of the same model is running is refused instead of swapping
   decisions (:func:`refuse_concurrent`).

@@ -192,14 +192,14 @@ class MTPGate(GateState):
         """Take this call's record (and those of interrupted calls) and put back what each
         changed, under the lock."""
         with self.lock:
-            frame = _calls.pop_own(self.records, kwargs, caller)
+            record = _calls.pop_own(self.records, kwargs, caller)
             _calls.prune(self.records, module, caller)
-            restore = None if frame is None else frame[_RESTORE]
+            restore = None if record is None else record[_RESTORE]
             if restore is not None:
                 _calls.put_back(module, restore)
         if self.removed:
             self._finish_removal()
-        return frame
+        return record
 
     def _run_weighted(
         self,

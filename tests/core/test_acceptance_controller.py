@@ -59,7 +59,7 @@ def test_acceptance_at_a_depth_can_be_the_target_metric():
     assert train_action() == "run:0.3"
     controller.update(measured(0.0, acceptance=1.0))  # 0.25 and 0.2 pooled over window 1
     assert controller.value == pytest.approx(0.25)
-    with pytest.raises(mtp_hooks.PolicyError, match="depth 3"):
+    with pytest.raises(mtp_hooks.PolicyError, match="depth 3 was asked for"):
         AcceptanceController(
             target=0.4, below=0.3, above=None, metric="acceptance", depth=3
         ).update(measured(1.0))

@@ -233,3 +233,22 @@ def controller_decisions(rank: int) -> dict:
     )  # pooled over window 1: 1.7 -> above -> skip
     decision = mtp_hooks.decide(None, "train")
     return {"weights": [first, second], "value": controller.value, "run": decision.run}
+
+
+def controller_refusal(rank: int) -> dict:
+    """Rank 0 collected a figure of a one-depth model for a controller that reads depth 2; rank 1
+    collected nothing. Both must raise at update(), neither may wait for the other."""
+    from mtp_hooks.framework import AcceptanceController
+
+    controller = AcceptanceController(
+        target=0.5, below=0.3, above=None, metric="acceptance", depth=2
+    )
+    if rank == 0:
+        controller.collect(
+            mtp_hooks.MTPMetrics(loss=(2.0,), acceptance=(0.5,), tokens=(100,), forwards=1)
+        )
+    try:
+        controller.update()
+    except mtp_hooks.PolicyError as exc:
+        return {"raised": str(exc)}
+    return {"raised": None}

@@ -19,3 +19,10 @@ def test_ranks_fed_different_metrics_agree_after_the_token_weighted_reduction(tm
     assert [r["weights"] for r in results] == [[0.3, None], [0.3, None]]
     assert [r["run"] for r in results] == [False, False]
     assert results[0]["value"] == results[1]["value"] == pytest.approx(1.7)
+
+
+def test_a_depth_the_model_lacks_is_refused_on_every_rank_without_a_hang(tmp_path):
+    results = run_ranks(_scenarios.controller_refusal, world=2, tp=1, tmp=tmp_path)
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        assert result["raised"] and "depth 2 was asked for" in result["raised"]
