@@ -129,8 +129,8 @@ class GateState:
     # -- helpers -------------------------------------------------------------------------------
     def _counters(self, phase: Any) -> list[int]:
         counters = self.counts.get(phase)
-        if counters is None:
-            counters = self.counts[phase] = [0, 0, 0]
+        if counters is None:  # threads deciding a new phase at once must share one list
+            counters = self.counts.setdefault(phase, [0, 0, 0])
         return counters
 
     def __deepcopy__(self, memo: dict[int, Any]) -> GateState:

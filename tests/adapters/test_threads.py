@@ -8,6 +8,7 @@ that agree on leaving them alone run together.
 from __future__ import annotations
 
 import pytest
+import torch
 
 import mtp_hooks
 
@@ -68,3 +69,25 @@ def test_the_native_flag_path_refuses_a_conflicting_thread_too(build, kind, batc
         forward_in(model, batch, "eval")
     paused.finish()
     assert [flag for flag, _, _ in model.received] == [False]
+
+
+class AlwaysMissing(dict):
+    """A counts dict whose get() misses, as it does for every thread that reads it before the
+    first one has stored the phase's counters."""
+
+    def get(self, key, default=None):
+        return default
+
+
+def test_threads_deciding_a_new_phase_at_once_count_into_one_list(build, batch):
+    model = build()
+    handle = mtp_hooks.attach(model)
+    gate = handle.gates[0]
+    gate.counts = AlwaysMissing()
+    first, second = gate._counters("eval"), gate._counters("eval")
+    assert first is second  # with get-then-assign, the second thread replaced the first's list
+    mtp_hooks.configure("eval=run")
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)
+    assert handle.stats() == {"eval": {"run": 1}} and first == [1, 0, 0]
