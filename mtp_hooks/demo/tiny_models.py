@@ -12,6 +12,7 @@ megatron-core must already be initialized (``torch.distributed`` plus
 
 from __future__ import annotations
 
+import atexit
 import copy
 import os
 import socket
@@ -62,7 +63,11 @@ def free_port() -> int:
 
 
 def init_single_process(port: int | None = None) -> None:
-    """Initialize a one-rank gloo process group and megatron's model parallel state (TP=PP=1)."""
+    """Initialize a one-rank gloo process group and megatron's model parallel state (TP=PP=1).
+
+    A group created here is destroyed at exit (``atexit``): left to interpreter finalization,
+    gloo's threads can abort a finished script (``terminate called without an active exception``).
+    """
     from megatron.core import parallel_state, tensor_parallel
 
     if not torch.distributed.is_initialized():
@@ -72,9 +77,20 @@ def init_single_process(port: int | None = None) -> None:
         os.environ.setdefault("MASTER_PORT", "29555")
         backend = "nccl" if torch.cuda.is_available() else "gloo"
         torch.distributed.init_process_group(backend, rank=0, world_size=1)
+        atexit.register(_destroy_process_groups)
     if not parallel_state.model_parallel_is_initialized():
         parallel_state.initialize_model_parallel(1, 1)
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
+
+
+def _destroy_process_groups() -> None:
+    """Tear down megatron's groups and torch's while the interpreter is still whole."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def _config(spec: TinySpec, **overrides: Any) -> Any:
