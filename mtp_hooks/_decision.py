@@ -49,6 +49,10 @@ class Decision:
         loss_scale_by: Who gave ``loss_scale``: ``"config"`` or the plugins' names, else ``None``.
         metrics: Whether this forward records MTP loss and acceptance (a ``+metrics`` policy
             entry, and MTP runs).
+        detach: Whether MTP runs on detached inputs, so that its loss trains only the MTP
+            weights (``+detach``, or plugins' ``mtp_detach_heads``); ``False``: the model's own
+            ``mtp_detach_heads``.
+        detach_by: Who set ``detach``: ``"config"`` or the plugins' names, else ``None``.
     """
 
     run: bool
@@ -61,6 +65,8 @@ class Decision:
     loss_scale: float | None = None
     loss_scale_by: str | None = None
     metrics: bool = False
+    detach: bool = False
+    detach_by: str | None = None
 
     @property
     def decided_by(self) -> str:
@@ -94,6 +100,17 @@ def _with_plugin_loss_scale(
         return decision
     weight = next(iter(scales.values()))
     return replace(decision, loss_scale=weight, loss_scale_by=",".join(scales))
+
+
+def _with_plugin_detach(decision: Decision, model: Any, phase: Any, role: str | None) -> Decision:
+    answers = dict(sorted(_registry().detach_votes(model, phase)))
+    if len(set(answers.values())) > 1:
+        listed = ", ".join(f"{name}={answer}" for name, answer in answers.items())
+        settle = ("run+detach", "run+detach")
+        raise PolicyConflictError(_conflict("detaching MTP", role, str(phase), listed, settle))
+    if not any(answers.values()):
+        return decision
+    return replace(decision, detach=True, detach_by=",".join(answers))
 
 
 def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
@@ -172,11 +189,17 @@ def decide_normalized(
             cacheable = False  # a weight may follow the training step
         if entry is not None and entry.metrics:
             decision = replace(decision, metrics=True)
+        if entry is not None and entry.detach is not None:
+            if entry.detach:
+                decision = replace(decision, detach=True, detach_by="config")
+        elif _registry().implements("mtp_detach_heads"):
+            decision = _with_plugin_detach(decision, model, phase, role)
+            cacheable = False  # an answer may follow the drafter's acceptance
     if cacheable and shared:
         _memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:
         logger.info(
-            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s%s",
+            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s%s%s",
             phase,
             role,
             dict(decision.votes),
@@ -187,6 +210,7 @@ def decide_normalized(
             if decision.loss_scale is not None
             else "",
             " metrics=on" if decision.metrics else "",
+            f" detach=on ({decision.detach_by})" if decision.detach else "",
         )
     return decision, cacheable
 
@@ -222,4 +246,9 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
             lines.append(f"loss scale: {decision.loss_scale:g} (from {decision.loss_scale_by})")
         if decision.metrics:
             lines.append("metrics: recorded (MTP loss and top-1 acceptance per depth)")
+        if decision.detach:
+            lines.append(
+                "detach: MTP trains on detached trunk outputs, embeddings and output weight "
+                f"(from {decision.detach_by})"
+            )
     return "\n".join(lines)

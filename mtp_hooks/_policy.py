@@ -2,7 +2,9 @@
 
 The sources themselves, and when they are read, are in :mod:`mtp_hooks._sources`. Values are
 ``run``, ``skip`` and ``auto`` (no opinion: the plugins decide); ``run:WEIGHT`` also sets the MTP
-loss weight, and ``+metrics`` (after ``run`` or ``auto``) records MTP quality metrics.
+loss weight. Options follow ``run`` or ``auto`` in any order: ``+metrics`` records MTP quality
+metrics, ``+detach`` trains MTP without its gradient reaching the trunk
+(``run:0.3+detach+metrics``).
 """
 
 from __future__ import annotations
@@ -40,63 +42,88 @@ class PolicyEntry:
             model's own ``mtp_loss_scaling_factor`` (or a plugin's ``mtp_loss_scale``) applies.
         metrics: Whether forwards that run MTP with labels record MTP loss and top-1 acceptance
             per depth (``run+metrics``, ``auto+metrics``).
+        detach: ``True`` (``run+detach``, TOML ``detach = true``): MTP runs on detached trunk
+            outputs, embeddings and output weight, so its loss trains only the MTP weights;
+            ``False`` (TOML ``detach = false``): the model's own ``mtp_detach_heads``, whatever
+            plugins say; ``None``: not set here, plugins may decide.
     """
 
     value: PolicyValue
     source: str
     loss_scale: float | None = None
     metrics: bool = False
+    detach: bool | None = None
 
 
 _ALLOWED = (
     "'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the run/auto forms "
-    "optionally followed by '+metrics'"
+    "optionally followed by '+metrics' and '+detach', in any order"
 )
-_TABLE_KEYS = {"mtp", "loss_scale", "metrics"}
-_Value = tuple[PolicyValue, float | None, bool]  # (value, loss_scale, metrics)
+OPTIONS = ("metrics", "detach")
+_TABLE_KEYS = {"mtp", "loss_scale", *OPTIONS}
+
+
+@dataclass(frozen=True)
+class _Value:
+    """A parsed policy value, before it is bound to a source."""
+
+    value: PolicyValue
+    loss_scale: float | None = None
+    metrics: bool = False
+    detach: bool | None = None
 
 
 def _value(raw: object, source: str, key: str) -> _Value:
-    """``(value, loss_scale, metrics)`` of a policy value: a string, or a
-    ``{mtp, loss_scale, metrics}`` table."""
+    """A policy value: a string such as ``run:0.3+detach``, or a
+    ``{mtp, loss_scale, metrics, detach}`` table."""
     where = f"{source}: key {key!r}"
     if isinstance(raw, Mapping):
         unknown = sorted(set(raw) - _TABLE_KEYS)
         if unknown or "mtp" not in raw or not isinstance(raw["mtp"], str) or "+" in raw["mtp"]:
             raise PolicyError(
                 f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
-                "'run', 'skip' or 'auto'), 'loss_scale' and 'metrics', e.g. "
-                '{mtp = "run", loss_scale = 0.3, metrics = true}'
+                "'run', 'skip' or 'auto'), 'loss_scale', 'metrics' and 'detach', e.g. "
+                '{mtp = "run", loss_scale = 0.3, metrics = true, detach = true}'
             )
-        value, _, _ = _value(raw["mtp"], source, key)
-        metrics = raw.get("metrics", False)
-        if not isinstance(metrics, bool):
-            raise PolicyError(f"{where}: 'metrics' is true or false, not {metrics!r}")
+        value = _value(raw["mtp"], source, key).value
+        flags = {}
+        for option in OPTIONS:
+            flag = raw.get(option)
+            if flag is not None and not isinstance(flag, bool):
+                raise PolicyError(f"{where}: {option!r} is true or false, not {flag!r}")
+            flags[option] = _check_option(option, flag, where, value)
         scale = raw.get("loss_scale")
         weight = None if scale is None else check_loss_scale(scale, where, value)
-        return value, weight, _check_metrics(metrics, where, value)
+        return _Value(value, weight, bool(flags["metrics"]), flags["detach"])
     text = raw.strip().lower() if isinstance(raw, str) else raw
     if not isinstance(text, str):
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
-    text, plus, flag = text.partition("+")
-    if plus and flag.strip() != "metrics":
-        raise PolicyError(f"{where} has value {raw!r}; the only '+' option is '+metrics'")
-    text = text.strip()
+    text, *options = (part.strip() for part in text.split("+"))
+    for option in options:
+        if option not in OPTIONS:
+            raise PolicyError(
+                f"{where} has value {raw!r}; unknown option '+{option}': the '+' options are "
+                "'+metrics' and '+detach'"
+            )
+        if options.count(option) > 1:
+            raise PolicyError(f"{where} has value {raw!r}; give '+{option}' once")
+    weight = None
     if text.startswith("run:"):
-        return "run", check_loss_scale(text[4:].strip(), where, "run"), bool(plus)
+        text, weight = "run", check_loss_scale(text[4:].strip(), where, "run")
     named = VALUES.get(text)
     if named is None:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
-    return named, None, _check_metrics(bool(plus), where, named)
+    metrics, detach = (_check_option(o, o in options or None, where, named) for o in OPTIONS)
+    return _Value(named, weight, bool(metrics), detach)
 
 
-def _check_metrics(metrics: bool, where: str, value: str) -> bool:
-    if metrics and value == "skip":
+def _check_option(option: str, flag: bool | None, where: str, value: str) -> bool | None:
+    if flag and value == "skip":
         raise PolicyError(
-            f"{where}: metrics need MTP to run; write 'run+metrics' (or 'auto+metrics' to let "
-            "the plugins decide), or drop '+metrics'"
+            f"{where}: '+{option}' needs MTP to run; write 'run+{option}' (or 'auto+{option}' "
+            f"to let the plugins decide), or drop '+{option}'"
         )
-    return metrics
+    return flag
 
 
 def check_loss_scale(raw: object, where: str, value: str = "run") -> float:
@@ -146,7 +173,7 @@ def _add(
 ) -> None:
     if key in entries:
         raise PolicyError(f"{source}: duplicate key {raw_key!r}; give each (role, phase) once")
-    entries[key] = PolicyEntry(value[0], source, value[1], value[2])
+    entries[key] = PolicyEntry(value.value, source, value.loss_scale, value.metrics, value.detach)
 
 
 def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
@@ -180,8 +207,9 @@ def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dic
     """Validate a policy given as a compact string or a mapping, and return its entries.
 
     The compact string is ``PHASE=VALUE`` or ``ROLE.PHASE=VALUE`` items separated by commas, e.g.
-    ``"train=run:0.3,eval=run+metrics,teacher.train=skip"``; ``run:WEIGHT`` also sets the MTP
-    loss weight and ``+metrics`` records MTP loss and acceptance. The mapping is shaped like the
+    ``"train=run:0.3+detach,eval=run+metrics,teacher.train=skip"``; ``run:WEIGHT`` also sets
+    the MTP loss weight, ``+metrics`` records MTP loss and acceptance, and ``+detach`` keeps the
+    MTP loss's gradient out of the trunk. The mapping is shaped like the
     TOML ``[policy]`` table: ``{"train": {"mtp": "run", "loss_scale": 0.3}, "roles":
     {"teacher": {"train": "skip"}}}``; ``"teacher.train"`` keys and ``"run:0.3"`` strings are
     accepted too.

@@ -120,6 +120,38 @@ def mtp_loss_scale(model: torch.nn.Module | None, phase: PhaseLike) -> float | N
 
 
 @hookspec
+def mtp_detach_heads(model: torch.nn.Module | None, phase: PhaseLike) -> bool | None:
+    """Say whether a forward that runs MTP trains it on detached inputs.
+
+    ``True`` works like megatron's ``mtp_detach_heads`` for that one forward: MTP runs on
+    detached trunk hidden states, embeddings and output weight, so the MTP loss trains only the
+    MTP weights and adds nothing to the gradients of the trunk, the embedding or the output
+    layer. Consulted when MTP runs and the policy config does not say (``train=run+detach``
+    or TOML ``detach = false`` does). It combines like :func:`mtp_loss_scale`: agreeing
+    answers apply, different ones raise :class:`mtp_hooks.PolicyConflictError`, ``None``
+    abstains, and ``False`` (or no answer) leaves the model's own setting. A megatron-core
+    without the ``mtp_detach_heads`` field (before 0.19) refuses a ``True``.
+
+    Args:
+        model: As for :func:`should_run_mtp`.
+        phase: As for :func:`should_run_mtp`.
+
+    Returns:
+        ``True``, ``False`` or ``None``.
+
+    Example:
+        .. code-block:: python
+
+            from mtp_hooks import Phase, hookimpl
+
+            class IsolatedDrafter:
+                @hookimpl
+                def mtp_detach_heads(self, model, phase):
+                    return True if phase == Phase.TRAIN else None
+    """
+
+
+@hookspec
 def mtp_metrics(model: torch.nn.Module, phase: PhaseLike, metrics: MTPMetrics) -> None:
     """Receive the MTP loss and top-1 acceptance of one forward that recorded them.
 

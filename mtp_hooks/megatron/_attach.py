@@ -57,16 +57,17 @@ class AttachHandle:
         return [m for gate in self.gates if (m := gate.model) is not None]
 
     def stats(self) -> dict[str, dict[str, float]]:
-        """Counts of MTP runs and skips by phase, summed over the gated models, and the loss
-        weight (``"loss_scale"``) the last weighted forward of a phase used.
+        """Counts of MTP runs and skips by phase, summed over the gated models, of the runs that
+        detached MTP (``"detached"``), and the loss weight (``"loss_scale"``) the last weighted
+        forward of a phase used.
 
-        Example: ``{"train": {"run": 3, "loss_scale": 0.3}, "eval": {"skip": 1}}``.
+        Example: ``{"train": {"run": 3, "detached": 3, "loss_scale": 0.3}, "eval": {"skip": 1}}``.
         """
         out: dict[str, dict[str, float]] = {}
         for gate in self.gates:
             for phase, counters in gate.counts.items():
                 seen = out.setdefault(str(phase), {})
-                for what, n in zip(("run", "skip", "untouched"), counters, strict=True):
+                for what, n in zip(("run", "skip", "untouched", "detached"), counters, strict=True):
                     if n:
                         seen[what] = seen.get(what, 0) + n
             for phase, scale in gate.loss_scales.items():

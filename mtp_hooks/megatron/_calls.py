@@ -39,10 +39,10 @@ from .._errors import MTPHooksError, UnsupportedModelError
 # One forward call of a gated model that is running, or that was interrupted. A plain tuple,
 # read through the field numbers below: one is built per forward, and a named tuple costs four
 # times a tuple literal to build (docs/benchmarks.md).
-CallRecord = tuple[int, FrameType | None, tuple[Any, Any] | None, bool, Any]
+CallRecord = tuple[int, FrameType | None, tuple[Any, ...] | None, bool, Any]
 THREAD: Final = 0  # the ident of the thread running the call (0: the record a copy starts with)
 OWNER: Final = 1  # the interpreter frame running the call; None: the call is over already
-RESTORE: Final = 2  # (mtp_process, config) to put back when the call ends; None: nothing changed
+RESTORE: Final = 2  # the gates to put back when the call ends (put_back); None: nothing changed
 SETTLE: Final = 3  # whether a skip owes Megatron DDP a settlement after forward
 KWARGS: Final = 4  # the kwargs dict torch handed the call's hooks, which names it in the hooks
 
@@ -84,10 +84,25 @@ def _live_threads() -> set[int]:
     return set(sys._current_frames())
 
 
-def put_back(module: Any, gates: tuple[Any, Any]) -> None:
-    """Set ``module``'s two gates, ``mtp_process`` and ``config``, to ``gates``."""
+def put_back(module: Any, gates: tuple[Any, ...]) -> None:
+    """Set ``module``'s two gates, ``mtp_process`` and ``config``, to ``gates[:2]``; a third
+    item holds ``(submodule, config)`` pairs, the MTP modules a detached call changes."""
     _set(module, "mtp_process", gates[0])
     _set(module, "config", gates[1])
+    if len(gates) > 2:
+        for submodule, config in gates[2]:
+            _set(submodule, "config", config)
+
+
+def base_subs(records: list[CallRecord]) -> tuple[tuple[Any, Any], ...] | None:
+    """The MTP modules' own configs, as the oldest recorded call that changed them found them
+    (``None``: no recorded call changed them)."""
+    for record in records[:]:
+        restore = record[RESTORE]
+        if restore is not None and len(restore) > 2:
+            subs: tuple[tuple[Any, Any], ...] = restore[2]
+            return subs
+    return None
 
 
 def _discard(records: list[CallRecord], record: CallRecord) -> bool:
@@ -149,8 +164,8 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     ``deepcopy`` reaches a gate through the hooks in its model's hook dicts, so the copied model
     is in ``memo`` (still being filled). The copy gets its own hooks (their handles copied in
     the same memo point at the copy's hook dicts), fresh counters, no DDP wrapper, and a record
-    that restores the original's base gates at its first forward, in case the original was
-    copied in the middle of a skipped forward.
+    that restores the original's base gates (and its MTP modules' configs) at its first forward,
+    in case the original was copied in the middle of a gated forward.
     """
     from ._config_view import Views
     from ._distributed import DDPState
@@ -165,7 +180,9 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     new._model = weakref.ref(memo[id(model)])
     new.ddp = DDPState(memo[id(model)], [])
     new.base = copy.deepcopy(gate.base, memo)
-    new.records = [(0, None, new.base, False, None)] if gate.records else []
+    subs = base_subs(gate.records)
+    restore = new.base if subs is None else (*new.base, copy.deepcopy(subs, memo))
+    new.records = [(0, None, restore, False, None)] if gate.records else []
     new.counts, new.cache, new.loss_scales, new.recorder = {}, {}, {}, None
     new.policy_checked = -1
     new.views = Views()

@@ -82,6 +82,17 @@ def inference_mode_class() -> Any:
     return InferenceMode if hasattr(InferenceMode, "is_active") else None
 
 
+def detach_readers(model: Any) -> tuple[torch.nn.Module, ...]:
+    """The MTP modules that read ``mtp_detach_heads`` from their own ``config`` in forward:
+    the MTP block (the trunk's hidden states) and each MTP layer (the embeddings).
+    ``process_mtp_loss`` (the output weight) reads the model's."""
+    block = getattr(model, "mtp", None)
+    if block is None:
+        return ()
+    layers = getattr(block, "layers", None) or ()
+    return tuple(m for m in (block, *layers) if hasattr(m, "config"))
+
+
 def has_mtp(model: Any) -> bool:
     """Whether this rank's model runs an MTP block (``mtp_process`` and ``mtp_num_layers``)."""
     config = getattr(model, "config", None)

@@ -1,16 +1,16 @@
-"""The config a skipped or re-weighted forward runs with: the model's own, with one field changed.
+"""The config a gated forward runs with: the model's own, with a few fields changed.
 
 A gated call must not change the config object the model shares with its layers, and copying a
 ``TransformerConfig`` (some 300 fields) on every call would cost more than everything else a
 gate does. So the call gets a *view*: an instance of a subclass of the config's class that shares
 the config's attribute dictionary, so every other field is read from (and written to) the real
-config exactly as without mtp-hooks, and that answers the one changed field, such as
-``mtp_num_layers=None``, from its own slot through a data descriptor (which Python consults
+config exactly as without mtp-hooks, and that answers the changed fields, such as
+``mtp_num_layers=None``, from its own slot through data descriptors (which Python consults
 before the instance dictionary).
 
 A view is an ``isinstance`` of the config's class and a dataclass with the same fields, of a
 class named for it (``TransformerConfigView``). ``copy``, ``deepcopy``, ``pickle`` and
-``dataclasses.replace`` turn it into a plain config object holding the changed value. A config
+``dataclasses.replace`` turn it into a plain config object holding the changed values. A config
 class whose instances have no ``__dict__``, or that defines ``__copy__``, gets a copy.
 """
 
@@ -19,7 +19,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-_VALUE = "_mtp_hooks_value"  # the view's slot: the changed field's value
+_VALUES = "_mtp_hooks_values"  # the view's slot: {changed field: its value}
+Changes = tuple[tuple[str, Any], ...]  # (field, value) pairs, hashable: a cache key
 
 
 class _Changed:
@@ -30,15 +31,15 @@ class _Changed:
         self.name = name
 
     def __get__(self, view: Any, owner: type | None = None) -> Any:
-        return self if view is None else getattr(view, _VALUE)
+        return self if view is None else getattr(view, _VALUES)[self.name]
 
     def __set__(self, view: Any, value: Any) -> None:
-        object.__setattr__(view, _VALUE, value)
+        getattr(view, _VALUES)[self.name] = value
 
 
 def _reduce(view: Any) -> tuple[Any, tuple[Any, ...]]:
-    base, name = type(view)._mtp_hooks_base
-    return _plain_copy, (base, {**vars(view), name: getattr(view, _VALUE)})
+    base = type(view)._mtp_hooks_base[0]
+    return _plain_copy, (base, {**vars(view), **getattr(view, _VALUES)})
 
 
 def _plain_copy(cls: type, state: dict[str, Any]) -> Any:
@@ -54,16 +55,16 @@ def _build_base(view_class: type, *args: Any, **kwargs: Any) -> Any:
     return base(*args, **kwargs)
 
 
-_classes: dict[tuple[type, str], type | None] = {}  # (config class, field) -> view class
+_classes: dict[tuple[type, tuple[str, ...]], type | None] = {}  # (class, fields) -> view class
 
 
-def _view_class(cls: type, name: str) -> type | None:
+def _view_class(cls: type, names: tuple[str, ...]) -> type | None:
     attributes = dir(cls)
     if "__dict__" not in attributes or "__copy__" in attributes:
         return None
     namespace = {
-        name: _Changed(name),
-        "__slots__": (_VALUE,),
+        **{name: _Changed(name) for name in names},
+        "__slots__": (_VALUES,),
         "__module__": __name__,
         "__qualname__": f"{cls.__qualname__}View",
         "__reduce__": _reduce,
@@ -71,14 +72,14 @@ def _view_class(cls: type, name: str) -> type | None:
         # Views themselves are made with object.__new__, and __class__ stays the view class:
         # torch.compile reads fields through type(), and must see the changed one.
         "__new__": _build_base,
-        "_mtp_hooks_base": (cls, name),
-        "__doc__": f"A {cls.__name__} whose {name} differs for one gated forward.",
+        "_mtp_hooks_base": (cls, names),
+        "__doc__": f"A {cls.__name__} whose {', '.join(names)} differ for one gated forward.",
     }
     return type(f"{cls.__name__}View", (cls,), namespace)
 
 
-def config_view(config: Any, name: str, value: Any) -> Any:
-    """``config`` as one forward sees it with field ``name`` set to ``value``.
+def config_view(config: Any, changes: Changes) -> Any:
+    """``config`` as one forward sees it with the ``(field, value)`` pairs of ``changes`` set.
 
     Example:
         >>> import dataclasses
@@ -87,45 +88,46 @@ def config_view(config: Any, name: str, value: Any) -> Any:
         ...     mtp_num_layers: int | None = 1
         ...     hidden_size: int = 8
         >>> shared = Config()
-        >>> view = config_view(shared, "mtp_num_layers", None)
+        >>> view = config_view(shared, (("mtp_num_layers", None),))
         >>> view.mtp_num_layers, view.hidden_size, isinstance(view, Config)
         (None, 8, True)
         >>> shared.hidden_size = 16
         >>> view.hidden_size, shared.mtp_num_layers
         (16, 1)
     """
-    key = (type(config), name)
+    key = (type(config), tuple(name for name, _ in changes))
     try:
         cls = _classes[key]
     except KeyError:
         cls = _classes[key] = _view_class(*key)
     if cls is None:
         new = copy.copy(config)
-        setattr(new, name, value)
+        for name, value in changes:
+            setattr(new, name, value)
         return new
     view: Any = object.__new__(cls)
     object.__setattr__(view, "__dict__", config.__dict__)
-    object.__setattr__(view, _VALUE, value)
+    object.__setattr__(view, _VALUES, dict(changes))
     return view
 
 
 class Views:
     """The views of one model's config that its gate hands out (under its lock), reused while
-    the config object and the value stay the same: a view reads every other field live, so it
-    never goes stale."""
+    the config object and the changed values stay the same: a view reads every other field
+    live, so it never goes stale."""
 
     def __init__(self) -> None:
         self.config: Any = None
-        self.views: dict[str, Any] = {}
+        self.views: dict[Changes, tuple[Any, dict[str, Any]]] = {}
 
-    def get(self, config: Any, name: str, value: Any) -> Any:
-        """:func:`config_view` of ``config``, made at most once per (config, name, value)."""
+    def get(self, config: Any, changes: Changes) -> Any:
+        """:func:`config_view` of ``config``, made at most once per (config, changes)."""
         if config is not self.config:
             self.config, self.views = config, {}
-        view = self.views.get(name)
-        if view is not None and getattr(view, name) == value:
-            return view
-        view = config_view(config, name, value)
+        found = self.views.get(changes)
+        if found is not None and getattr(found[0], _VALUES) == found[1]:  # not written since
+            return found[0]
+        view = config_view(config, changes)
         if hasattr(type(view), "_mtp_hooks_base"):  # a copy goes stale: never reused
-            self.views[name] = view
+            self.views[changes] = (view, dict(changes))
         return view

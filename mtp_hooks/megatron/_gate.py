@@ -29,9 +29,10 @@ import torch
 
 from .. import _generation, _phases, _sources
 from . import _calls, _capabilities, _recorder, _refusals
+from ._config_view import config_view as _config_view
 from ._gate_state import Entry, GateState
 
-_RUN, _SKIP, _UNTOUCHED = range(3)  # slots of a phase's counters
+_RUN, _SKIP, _UNTOUCHED, _DETACHED = range(4)  # slots of a phase's counters
 _get_ident = threading.get_ident
 _getframe = sys._getframe
 _RESTORE: Final = _calls.RESTORE
@@ -44,6 +45,7 @@ _current_phase = _phases._current.get  # the innermost phase() block, or None
 _WATCHING: Final = _sources.watching  # then _sources.generation() reads the policy sources
 _GENERATION: Final = _generation.counter
 _TRAIN, _EVAL = _phases.Phase.TRAIN, _phases.Phase.EVAL
+_NO_MTP: Final = (("mtp_num_layers", None),)  # the config change of a skip
 
 
 class MTPGate(GateState):
@@ -141,16 +143,15 @@ class MTPGate(GateState):
                 return None
             if not run:
                 return self._skip(module, owner, thread, cached.counters, current, kwargs)
-            if cached.loss_scale is not None:
-                return self._run_weighted(module, owner, thread, phase, cached, current, kwargs)
+            if cached.changes is not None:
+                return self._run_changed(module, owner, thread, phase, cached, current, kwargs)
             if toggled and records and _calls.other_thread(records, thread):
                 _calls.refuse_concurrent(self.records, module, "run")
             cached.counters[_RUN] += 1
             if not toggled:
                 records.append((thread, owner, None, False, kwargs))
                 return None
-            records.append((thread, owner, current, False, kwargs))
-            _calls.put_back(module, base)
+            self._apply(module, owner, thread, current, base, kwargs)
             return None
         finally:
             lock.release()
@@ -201,7 +202,7 @@ class MTPGate(GateState):
             self._finish_removal()
         return record
 
-    def _run_weighted(
+    def _run_changed(
         self,
         module: torch.nn.Module,
         owner: FrameType,
@@ -211,17 +212,51 @@ class MTPGate(GateState):
         current: tuple[Any, Any],
         kwargs: dict[str, Any],
     ) -> None:
-        """Run MTP with the decision's loss weight (under the lock): the model reads the weight
-        from its own config at forward time, so this call sees a config view carrying it."""
+        """Run MTP with the decision's loss weight or detached (under the lock): megatron reads
+        both from config fields at forward time, so this call sees config views carrying them.
+        A detached call also hands the views to the MTP block and its layers, which read
+        ``mtp_detach_heads`` from their own ``config``."""
         if self.records and _calls.other_thread(self.records, thread):
-            _calls.refuse_concurrent(self.records, module, "run with its own loss weight")
+            _calls.refuse_concurrent(self.records, module, "run with its own loss weight or detach")
         cached.counters[_RUN] += 1
-        assert cached.loss_scale is not None
-        self.loss_scales[phase] = cached.loss_scale
-        self.records.append((thread, owner, current, False, kwargs))
+        if cached.loss_scale is not None:
+            self.loss_scales[phase] = cached.loss_scale
         base_mtp_process, base_config = self.base
-        weighted = self.views.get(base_config, "mtp_loss_scaling_factor", cached.loss_scale)
-        _calls.put_back(module, (base_mtp_process, weighted))
+        assert cached.changes is not None
+        view = self.views.get(base_config, cached.changes)
+        subs = None
+        if cached.detach:
+            cached.counters[_DETACHED] += 1
+            subs = _calls.base_subs(self.records) or tuple(
+                (sub, sub.config) for sub in _capabilities.detach_readers(module)
+            )
+            changes = cached.changes
+            subs = tuple(
+                (sub, view if config is base_config else _config_view(config, changes))
+                for sub, config in subs
+            )
+        self._apply(module, owner, thread, current, (base_mtp_process, view), kwargs, subs)
+
+    def _apply(
+        self,
+        module: torch.nn.Module,
+        owner: FrameType,
+        thread: int,
+        current: tuple[Any, ...],
+        gates: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        subs: tuple[tuple[Any, Any], ...] | None = None,
+    ) -> None:
+        """Record this call with what to put back, then set ``gates`` on the model, and
+        ``subs`` on the MTP modules. Without ``subs``, MTP modules that a running (outer) call
+        detached get their own configs back for this call."""
+        if subs is None and self.records:
+            subs = _calls.base_subs(self.records)
+        if subs is not None:
+            now = tuple((sub, sub.config) for sub, _ in subs)
+            current, gates = (*current, now), (*gates, subs)
+        self.records.append((thread, owner, current, False, kwargs))
+        _calls.put_back(module, gates)
 
     def _skip(
         self,
@@ -240,7 +275,7 @@ class MTPGate(GateState):
             _calls.refuse_concurrent(self.records, module, "skip")
         counters[_SKIP] += 1
         self.records.append((thread, owner, current, settle, kwargs))
-        _set(module, "config", self.views.get(self.base[1], "mtp_num_layers", None))
+        _set(module, "config", self.views.get(self.base[1], _NO_MTP))
         if self.native:
             # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
             # view tells everything that counts MTP heads (ModelOpt's loss) there are none.

@@ -18,7 +18,7 @@ import torch
 
 from .. import _decision, _roles, _sources
 from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _refusals
-from ._config_view import Views
+from ._config_view import Changes, Views
 
 
 class Entry(NamedTuple):
@@ -33,6 +33,10 @@ class Entry(NamedTuple):
     """The MTP loss weight for this phase, or ``None``: the model's own."""
     metrics: bool
     """Whether the call records MTP loss and acceptance (``+metrics``)."""
+    detach: bool
+    """Whether MTP trains on detached inputs (``+detach``)."""
+    changes: Changes | None
+    """The config fields a call that runs MTP changes (weight, detach), or ``None``."""
 
 
 class GateState:
@@ -52,11 +56,13 @@ class GateState:
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
         self.local_graphs = _cuda_graphs.implementation(model.config) == "local"
         self.ep_overlap = bool(getattr(model.config, "overlap_moe_expert_parallel_comm", False))
+        graphs = _cuda_graphs.implementation(model.config)
+        self.detach_refusal = _refusals.detach_refusal(model.config, graphs)
         self.checks = verify or self.local_graphs  # a per-call check: decide at every call
         self.policy_checked = -1  # the generation whose policy was checked against the above
         _refusals.refuse_unsupported_config(model.config)
         self.records: list[_calls.CallRecord] = []
-        self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched]
+        self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched, detached]
         self.cache: dict[Any, Entry] = {}  # phase -> _decide's entry
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
         self.recorder: _recorder.Recorder | None = None  # made by the first +metrics decision
@@ -111,26 +117,45 @@ class GateState:
             _distributed.verify_agreement(decision, phase)
         if self.local_graphs and decision.run:
             _cuda_graphs.check_replayable(module)
+        changes: list[tuple[str, Any]] = []
+        if decision.run and decision.loss_scale is not None:
+            changes.append(("mtp_loss_scaling_factor", decision.loss_scale))
+        if decision.run and decision.detach:
+            if self.detach_refusal is not None:
+                by = decision.detach_by
+                by = "the policy config" if by == "config" else f"plugin {by}"
+                _refusals.refuse_detach(str(phase), by, self.detach_refusal)
+            changes.append(("mtp_detach_heads", True))
         counters = self._counters(phase)
-        entry = Entry(generation, decision.run, counters, decision.loss_scale, decision.metrics)
+        entry = Entry(
+            generation,
+            decision.run,
+            counters,
+            decision.loss_scale,
+            decision.metrics,
+            decision.run and decision.detach,
+            tuple(changes) or None,
+        )
         if cacheable:
             self.cache[phase] = entry
         return entry
 
     def check_policy(self, module: torch.nn.Module, role: str | None) -> None:
         """Refuse a policy this model's execution mode cannot follow: local CUDA graphs, the
-        combined 1F1B schedule. Called at attach and whenever the policy changes, so the news
-        comes before the first training step."""
+        combined 1F1B schedule, ``+detach`` where it cannot work. Called at attach and whenever
+        the policy changes, so the news comes before the first training step."""
         if self.local_graphs:
             _cuda_graphs.check_policy(module, role)
         if self.ep_overlap:
             _refusals.check_ep_overlap_policy(module, role)
+        if self.detach_refusal is not None:
+            _refusals.check_detach_policy(role, self.detach_refusal)
 
     # -- helpers -------------------------------------------------------------------------------
     def _counters(self, phase: Any) -> list[int]:
         counters = self.counts.get(phase)
         if counters is None:  # threads deciding a new phase at once must share one list
-            counters = self.counts.setdefault(phase, [0, 0, 0])
+            counters = self.counts.setdefault(phase, [0, 0, 0, 0])
         return counters
 
     def __deepcopy__(self, memo: dict[int, Any]) -> GateState:

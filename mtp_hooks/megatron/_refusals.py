@@ -67,11 +67,13 @@ def check_ep_overlap_policy(model: Any, role: str | None) -> None:
     from .. import _decision, _phases
 
     decision = _decision.decide_normalized(model, _phases.Phase.TRAIN, role)[0]
-    if decision.run and decision.loss_scale is None and not decision.metrics:
+    plain = decision.loss_scale is None and not decision.metrics and not decision.detach
+    if decision.run and plain:
         return
     what = "skip"
     if decision.run:
-        what = f"run:{decision.loss_scale:g}" if decision.loss_scale is not None else "run+metrics"
+        what = "run" + (f":{decision.loss_scale:g}" if decision.loss_scale is not None else "")
+        what += "+metrics" * decision.metrics + "+detach" * decision.detach
     raise UnsupportedModelError(
         f"mtp_hooks: the policy says train={what} for a model with "
         "overlap_moe_expert_parallel_comm=True. megatron's combined 1F1B schedule builds every "
@@ -81,3 +83,37 @@ def check_ep_overlap_policy(model: Any, role: str | None) -> None:
         "works). Set train=run for this model, or overlap_moe_expert_parallel_comm=False to gate "
         "training too."
     )
+
+
+def detach_refusal(config: Any, graphs: str | None) -> str | None:
+    """Why ``+detach`` cannot work on a model with ``config`` (``None``: it can)."""
+    if "mtp_detach_heads" not in getattr(type(config), "__dataclass_fields__", ()):
+        return (
+            "this megatron-core's TransformerConfig has no mtp_detach_heads field (it came in "
+            "megatron-core 0.19), and that field is how each forward is told to detach MTP's "
+            "inputs. Upgrade megatron-core, or drop '+detach' (mtp_hooks.freeze_trunk trains "
+            "the MTP weights alone)"
+        )
+    if graphs is not None:
+        return (
+            f"this model graphs its layers (cuda_graph_impl={graphs!r}), and a per-forward "
+            "detach has not been verified against captured graphs. Build the model with "
+            "mtp_detach_heads=True to detach in every forward, or set cuda_graph_impl='none'"
+        )
+    return None
+
+
+def check_detach_policy(role: str | None, refusal: str) -> None:
+    """Refuse now a policy config that detaches MTP in some phase of a model that cannot.
+    Reads the config only: a plugin's answer is checked when it is given, before the forward."""
+    from .. import _phases, _sources
+
+    for name in _phases.known_phases():
+        entry = _sources.lookup(role, name)
+        if entry is not None and entry.detach:
+            refuse_detach(name, "the policy config", refusal)
+
+
+def refuse_detach(phase: str, by: str | None, refusal: str) -> None:
+    """``+detach`` for ``phase`` (asked by ``by``) on a model where ``refusal`` says why not."""
+    raise UnsupportedModelError(f"mtp_hooks: {by} asks to detach MTP in {phase}, but {refusal}.")

@@ -264,7 +264,7 @@ def test_under_ep_overlap_mtp_in_training_and_not_in_evaluation_works(build, bat
     assert counter.n == 1 and handle.stats() == {"train": {"run": 1}, "eval": {"skip": 1}}
 
 
-@pytest.mark.parametrize("train", ["skip", "run:0.3", "run+metrics"])
+@pytest.mark.parametrize("train", ["skip", "run:0.3", "run+metrics", "run+detach"])
 def test_under_ep_overlap_a_training_decision_megatron_cannot_follow_is_refused_at_attach(
     build, train
 ):

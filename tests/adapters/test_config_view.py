@@ -120,7 +120,7 @@ def test_a_view_has_a_class_name_of_its_own(build, batch):
 
 def test_a_megatron_config_view_is_a_transformer_config():
     config = TransformerConfig(num_layers=2, hidden_size=8, num_attention_heads=2)
-    view = config_view(config, "mtp_num_layers", None)
+    view = config_view(config, (("mtp_num_layers", None),))
     assert isinstance(view, TransformerConfig) and repr(view).startswith("TransformerConfigView(")
 
 
@@ -131,7 +131,7 @@ def test_a_config_class_without_an_instance_dict_gets_a_copy():
         hidden_size: int = 8
 
     config = Slotted()
-    copied = config_view(config, "mtp_num_layers", None)
+    copied = config_view(config, (("mtp_num_layers", None),))
     assert type(copied) is Slotted and copied.mtp_num_layers is None
     config.hidden_size = 16
     assert copied.hidden_size == 8 and config.mtp_num_layers == 1
@@ -140,3 +140,15 @@ def test_a_config_class_without_an_instance_dict_gets_a_copy():
 def test_the_view_shares_the_config_attribute_dict_nothing_is_copied(build, batch):
     model, view = skipped(build, batch)
     assert vars(view) is vars(model.config)
+
+
+def test_a_view_with_several_changed_fields_copies_into_a_config_holding_all_of_them():
+    config = TransformerConfig(num_layers=2, hidden_size=8, num_attention_heads=2)
+    changes = (("mtp_loss_scaling_factor", 0.3), ("mtp_num_layers", None))
+    view = config_view(config, changes)
+    assert (view.mtp_loss_scaling_factor, view.mtp_num_layers) == (0.3, None)
+    for plain in (copy.copy(view), copy.deepcopy(view), pickle.loads(pickle.dumps(view))):
+        assert type(plain) is TransformerConfig
+        assert (plain.mtp_loss_scaling_factor, plain.mtp_num_layers) == (0.3, None)
+    assert (config.mtp_loss_scaling_factor, config.mtp_num_layers) == (0.1, None)
+    assert dataclasses.replace(view, hidden_size=16).mtp_loss_scaling_factor == 0.3

@@ -37,10 +37,10 @@ def test_auto_with_metrics_records_only_when_the_plugins_run_mtp(voter):
 @pytest.mark.parametrize(
     ("policy", "message"),
     [
-        ("eval=skip+metrics", r"key 'eval': metrics need MTP to run; write 'run\+metrics'"),
-        ("eval=run+stats", r"the only '\+' option is '\+metrics'"),
-        ("eval=run+metrics+metrics", r"the only '\+' option"),
-        ({"eval": {"mtp": "skip", "metrics": True}}, "metrics need MTP to run"),
+        ("eval=skip+metrics", r"key 'eval': '\+metrics' needs MTP to run; write 'run\+metrics'"),
+        ("eval=run+stats", r"unknown option '\+stats': the '\+' options are '\+metrics' and"),
+        ("eval=run+metrics+metrics", r"give '\+metrics' once"),
+        ({"eval": {"mtp": "skip", "metrics": True}}, r"'\+metrics' needs MTP to run"),
         ({"eval": {"mtp": "run", "metrics": "yes"}}, "'metrics' is true or false, not 'yes'"),
         ({"eval": {"mtp": "run+metrics"}}, "a table takes 'mtp'"),
     ],

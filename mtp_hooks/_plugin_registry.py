@@ -1,0 +1,256 @@
+"""The registry class behind :mod:`mtp_hooks.plugins`: a ``pluggy.PluginManager`` with typed
+calls of each hook, entry-point loading and the checks every plugin passes.
+
+It is the only code that calls hooks; an exception a plugin raises becomes a
+:class:`mtp_hooks.PluginError` naming the plugin and how to disable it.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import pluggy
+
+from . import _generation, hookspecs
+from ._errors import PluginError, PluginLoadError, PolicyError, UnknownPluginError
+from ._plugin_checks import all_cacheable, check_plugin, declared_phases
+from ._policy import check_loss_scale
+
+ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
+ENV_DISABLE = "MTP_HOOKS_DISABLE"
+
+
+@dataclass(frozen=True)
+class PluginInfo:
+    """What ``mtp-hooks plugins`` reports for one plugin."""
+
+    name: str
+    distribution: str | None
+    version: str | None
+    hooks: tuple[str, ...]
+    blocked: bool = False
+
+
+def _blocked_names() -> list[str]:
+    return [n.strip() for n in os.environ.get(ENV_DISABLE, "").split(",") if n.strip()]
+
+
+class PluginRegistry:
+    """Typed facade over the plugin manager; the only code that calls hooks."""
+
+    def __init__(self) -> None:
+        self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.pm.add_hookspecs(hookspecs)
+        self._dists: dict[str, tuple[str, str]] = {}
+        self._blocked_eps: dict[str, tuple[str | None, str | None]] = {}
+        self._phases: frozenset[str] | None = None  # both derived from the plugins, and
+        self._cacheable: bool | None = None  # cleared when they change
+        for name in _blocked_names():
+            self.pm.set_blocked(name)
+
+    # -- loading -----------------------------------------------------------------------------
+    def load_entry_points(self) -> None:
+        """Load every ``mtp_hooks`` entry point; on any failure, register none of them.
+
+        This follows ``PluginManager.load_setuptools_entrypoints`` (same group, blocked names
+        skipped, entry-point name as plugin name) but loads one entry point at a time, so that a
+        failure can name the entry point and its distribution and undo what was registered.
+        """
+        loaded: list[str] = []
+        try:
+            for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME):
+                dist = getattr(ep, "dist", None)
+                dist_name = dist.metadata["Name"] if dist is not None else None
+                dist_version = dist.version if dist is not None else None
+                if self.pm.is_blocked(ep.name):
+                    self._blocked_eps[ep.name] = (dist_name, dist_version)
+                    continue
+                if self.pm.get_plugin(ep.name) is not None:
+                    continue
+                try:
+                    plugin = ep.load()
+                    if inspect.isclass(plugin):
+                        plugin = plugin()
+                    self.register(plugin, name=ep.name)
+                except Exception as exc:
+                    raise PluginLoadError(
+                        f"mtp_hooks plugin {ep.name!r} (entry point {ep.value!r} of distribution "
+                        f"{dist_name or '?'} {dist_version or '?'}) failed to load: "
+                        f"{type(exc).__name__}: {exc}. Fix or uninstall it, or disable it with "
+                        f"{ENV_DISABLE}={ep.name} (or {ENV_DISABLE_AUTOLOAD}=1 for all plugins)."
+                    ) from exc
+                loaded.append(ep.name)
+                if dist_name is not None:
+                    self._dists[ep.name] = (dist_name, dist_version or "?")
+            self.check_pending()
+        except PluginLoadError:
+            for name in loaded:
+                self.pm.unregister(name=name)
+                self._dists.pop(name, None)
+            raise
+
+    def check_pending(self) -> None:
+        """Raise :class:`PluginLoadError` for a hookimpl that matches no hookspec (a typo)."""
+        try:
+            self.pm.check_pending()
+        except pluggy.PluginValidationError as exc:
+            name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
+            dist = self._dists.get(name)
+            origin = f" (distribution {dist[0]} {dist[1]})" if dist else ""
+            raise PluginLoadError(
+                f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not define: "
+                f"{exc}. Known hooks: should_run_mtp, mtp_loss_scale, mtp_detach_heads, "
+                "mtp_metrics, declare_phases. Fix the name, or disable the plugin with "
+                f"{ENV_DISABLE}={name}."
+            ) from exc
+
+    # -- registration ------------------------------------------------------------------------
+    def register(self, plugin: object, name: str | None = None) -> str:
+        """Register ``plugin`` and validate its hooks; nothing stays registered on failure."""
+        label = name or repr(plugin)
+        check_plugin(self.pm, plugin, label)
+        if name is not None and self.pm.is_blocked(name):
+            raise PluginLoadError(
+                f"mtp_hooks plugin {name!r} is blocked by {ENV_DISABLE}; unset it to register"
+            )
+        try:
+            registered = self.pm.register(plugin, name=name)
+            if registered is None:
+                raise PluginLoadError(
+                    f"mtp_hooks plugin {label} is blocked by {ENV_DISABLE}; unset it to register"
+                )
+            self.check_pending()
+        except ValueError as exc:  # already registered under this name or object
+            raise PluginLoadError(f"cannot register mtp_hooks plugin {label}: {exc}") from exc
+        except pluggy.PluginValidationError as exc:
+            self._discard(plugin, name)
+            raise PluginLoadError(f"invalid mtp_hooks plugin {label}: {exc}") from exc
+        except PluginLoadError:
+            self._discard(plugin, name)
+            raise
+        self._changed()
+        return registered
+
+    def _discard(self, plugin: object, name: str | None) -> None:
+        """Undo a registration that pluggy left half done (it keeps the name on some versions)."""
+        if self.pm.is_registered(plugin):
+            self.pm.unregister(plugin)
+        elif name is not None and self.pm.has_plugin(name):
+            self.pm.unregister(name=name)
+
+    def unregister(self, name_or_plugin: str | object) -> None:
+        """Unregister a plugin given by name or by object.
+
+        Raises:
+            UnknownPluginError: No such plugin is registered.
+        """
+        by_name = isinstance(name_or_plugin, str)
+        name = (
+            name_or_plugin if isinstance(name_or_plugin, str) else self.pm.get_name(name_or_plugin)
+        )
+        if name is None or self.pm.get_plugin(name) is None:
+            what = "no plugin named {!r} is" if by_name else "{!r} is not"
+            raise UnknownPluginError(
+                f"unregister: {what.format(name_or_plugin)} registered; mtp_hooks.list_plugins() "
+                "lists the registered ones"
+            )
+        self.pm.unregister(name=name)
+        self._dists.pop(name, None)
+        self._changed()
+
+    def _changed(self) -> None:
+        self._phases = self._cacheable = None
+        _generation.advance()
+
+    # -- hook calls --------------------------------------------------------------------------
+    def votes(self, model: Any, phase: Any) -> list[tuple[str, bool | None]]:
+        """Call ``should_run_mtp`` on every plugin and return ``(plugin name, vote)`` pairs.
+
+        Raises:
+            PluginError: A plugin raised; its exception is chained and the plugin is named.
+            PolicyError: A plugin returned something other than ``True``, ``False`` or ``None``.
+        """
+        return [
+            (name, _check_vote(name, "should_run_mtp", vote))
+            for name, vote in self._answers("should_run_mtp", model, phase)
+        ]
+
+    def loss_scales(self, model: Any, phase: Any) -> list[tuple[str, float]]:
+        """Call ``mtp_loss_scale`` on every plugin; return ``(plugin name, weight)`` for each
+        plugin that gave one (validated: finite and ``>= 0``)."""
+        return [
+            (name, check_loss_scale(scale, f"plugin {name!r}: mtp_loss_scale returned {scale!r}"))
+            for name, scale in self._answers("mtp_loss_scale", model, phase)
+            if scale is not None
+        ]
+
+    def detach_votes(self, model: Any, phase: Any) -> list[tuple[str, bool]]:
+        """Call ``mtp_detach_heads`` on every plugin; return ``(plugin name, answer)`` for each
+        plugin that did not abstain (validated like :meth:`votes`)."""
+        answers = self._answers("mtp_detach_heads", model, phase)
+        return [(n, a) for n, a in answers if _check_vote(n, "mtp_detach_heads", a) is not None]
+
+    def _answers(self, hook: str, model: Any, phase: Any) -> list[tuple[str, Any]]:
+        impls = getattr(self.pm.hook, hook).get_hookimpls()
+        return [(i.plugin_name, _call(i, hook, model=model, phase=phase)) for i in impls]
+
+    def votes_cacheable(self) -> bool:
+        """Whether every ``should_run_mtp`` implementation is declared ``cacheable_vote``."""
+        if self._cacheable is None:
+            self._cacheable = all_cacheable(self.pm.hook.should_run_mtp.get_hookimpls())
+        return self._cacheable
+
+    def implements(self, hook: str) -> bool:
+        """Whether any registered plugin implements ``hook``."""
+        return bool(getattr(self.pm.hook, hook).get_hookimpls())
+
+    def report_metrics(self, model: Any, phase: Any, metrics: Any) -> None:
+        """Call ``mtp_metrics`` on every plugin that implements it."""
+        for impl in self.pm.hook.mtp_metrics.get_hookimpls():
+            _call(impl, "mtp_metrics", model=model, phase=phase, metrics=metrics)
+
+    def plugin_phases(self) -> frozenset[str]:
+        """Custom phase names declared by plugins through ``declare_phases`` (cached)."""
+        if self._phases is None:
+            self._phases = declared_phases(self.pm.hook.declare_phases.get_hookimpls())
+        return self._phases
+
+    def describe(self) -> list[PluginInfo]:
+        """Every registered plugin, then every blocked entry point, sorted by name."""
+        infos = []
+        for name, plugin in self.pm.list_name_plugin():
+            if plugin is None:
+                continue
+            hooks = tuple(sorted(h.name for h in self.pm.get_hookcallers(plugin) or ()))
+            dist, version = self._dists.get(name, (None, None))
+            infos.append(PluginInfo(name, dist, version, hooks))
+        for name, (dist, version) in self._blocked_eps.items():
+            infos.append(PluginInfo(name, dist, version, (), blocked=True))
+        for name in _blocked_names():
+            if name not in self._blocked_eps:
+                infos.append(PluginInfo(name, None, None, (), blocked=True))
+        return sorted(infos, key=lambda i: i.name)
+
+
+def _check_vote(name: str, hook: str, vote: Any) -> bool | None:
+    if vote is not None and not isinstance(vote, bool):
+        raise PolicyError(
+            f"plugin {name!r}: {hook} returned {vote!r}; it must return True, False or None "
+            "(abstain)"
+        )
+    return vote
+
+
+def _call(impl: Any, hook: str, **arguments: Any) -> Any:
+    """Call one plugin's ``hook``; an exception becomes :class:`PluginError` naming the plugin."""
+    try:
+        return impl.function(*[arguments[a] for a in impl.argnames])
+    except Exception as exc:
+        raise PluginError(
+            f"mtp_hooks plugin {impl.plugin_name!r}: {hook} raised {type(exc).__name__}: {exc}. "
+            f"Fix the plugin, or disable it with {ENV_DISABLE}={impl.plugin_name}."
+        ) from exc

@@ -1,0 +1,135 @@
+"""Detaching MTP in the policy (``+detach``) and from plugins: syntax, validation, combination."""
+
+from __future__ import annotations
+
+import pytest
+
+import mtp_hooks
+from mtp_hooks import cli
+
+
+class Detacher:
+    def __init__(self, answer):
+        self.answer = answer
+
+    @mtp_hooks.hookimpl
+    def mtp_detach_heads(self, model, phase):
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+@pytest.mark.parametrize(
+    ("policy", "loss_scale", "metrics"),
+    [
+        ("train=run+detach", None, False),
+        ("train = RUN + detach", None, False),
+        ("train=run:0.3+detach+metrics", 0.3, True),
+        ("train=run:0.3+metrics+detach", 0.3, True),
+        ({"train": {"mtp": "run", "detach": True}}, None, False),
+        ({"train": {"mtp": "run", "loss_scale": 0.3, "metrics": True, "detach": True}}, 0.3, True),
+    ],
+)
+def test_detach_rides_on_run_in_any_order_and_form(policy, loss_scale, metrics):
+    mtp_hooks.configure(policy)
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.run, decision.detach, decision.detach_by) == (True, True, "config")
+    assert (decision.loss_scale, decision.metrics) == (loss_scale, metrics)
+    assert mtp_hooks.decide(None, "eval").detach is False
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("train=skip+detach", r"key 'train': '\+detach' needs MTP to run; write 'run\+detach'"),
+        ("train=run+detach+detach", r"give '\+detach' once"),
+        ("train=run:0.3+detach+metrics+detach", r"give '\+detach' once"),
+        ("train=run+detached", r"unknown option '\+detached'"),
+        ({"train": {"mtp": "skip", "detach": True}}, r"'\+detach' needs MTP to run"),
+        ({"train": {"mtp": "run", "detach": "yes"}}, "'detach' is true or false, not 'yes'"),
+        ({"train": {"mtp": "run+detach"}}, "a table takes 'mtp'"),
+    ],
+)
+def test_malformed_detach_is_a_policy_error_that_changes_nothing(policy, message):
+    mtp_hooks.configure("train=run+metrics")
+    with pytest.raises(mtp_hooks.PolicyError, match=message) as info:
+        mtp_hooks.configure(policy)
+    assert "mtp_hooks.configure()" in str(info.value)
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.metrics, decision.detach) == (True, False)
+
+
+def test_auto_with_detach_detaches_only_when_the_plugins_run_mtp(voter):
+    mtp_hooks.configure("train=auto+detach")
+    plugin = voter(True, name="v")
+    assert mtp_hooks.decide(None, "train").detach is True
+    plugin.vote = False
+    mtp_hooks.configure("train=auto+detach")  # a new generation: decide again
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.run, decision.detach) == (False, False)
+
+
+def test_a_plugin_detaches_when_the_config_does_not_say():
+    mtp_hooks.register(Detacher(True), name="drafter")
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.detach, decision.detach_by) == (True, "drafter")
+    mtp_hooks.configure({"train": {"mtp": "run", "detach": False}})  # the config settles it
+    assert mtp_hooks.decide(None, "train").detach is False
+
+
+def test_plugins_that_abstain_or_say_false_leave_the_models_own_setting():
+    mtp_hooks.register(Detacher(None), name="quiet")
+    mtp_hooks.register(Detacher(False), name="no")
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.detach, decision.detach_by) == (False, None)
+
+
+def test_a_skip_never_detaches():
+    mtp_hooks.register(Detacher(True), name="drafter")
+    mtp_hooks.configure("eval=skip")
+    assert mtp_hooks.decide(None, "eval").detach is False
+
+
+def test_plugins_that_disagree_on_detaching_raise_a_conflict_naming_both():
+    mtp_hooks.register(Detacher(True), name="a")
+    mtp_hooks.register(Detacher(False), name="b")
+    with pytest.raises(mtp_hooks.PolicyConflictError, match=r"a=True, b=False.*run\+detach"):
+        mtp_hooks.decide(None, "train")
+    assert "CONFLICT" in mtp_hooks.explain(None, "train")
+
+
+@pytest.mark.parametrize(
+    ("answer", "error", "message"),
+    [
+        ("yes", mtp_hooks.PolicyError, "plugin 'bad': mtp_detach_heads returned 'yes'"),
+        (KeyError("k"), mtp_hooks.PluginError, "'bad': mtp_detach_heads raised KeyError"),
+    ],
+)
+def test_a_bad_plugin_answer_names_the_plugin(answer, error, message):
+    mtp_hooks.register(Detacher(answer), name="bad")
+    with pytest.raises(error, match=message):
+        mtp_hooks.decide(None, "train")
+
+
+def test_a_plugin_answer_is_asked_again_at_every_decision():
+    plugin = Detacher(True)
+    mtp_hooks.register(plugin, name="drafter")
+    assert mtp_hooks.decide(None, "train").detach is True
+    plugin.answer = None  # no votes_changed(): an answer may follow the drafter's acceptance
+    assert mtp_hooks.decide(None, "train").detach is False
+
+
+def test_explain_and_check_config_show_detach(tmp_path, capsys):
+    mtp_hooks.configure("train=run:0.3+detach")
+    text = mtp_hooks.explain(None, "train")
+    assert "detach: MTP trains on detached trunk outputs, embeddings and output weight" in text
+    assert text.endswith("(from config)")
+    path = tmp_path / "policy.toml"
+    path.write_text(
+        '[policy]\ntrain = {mtp = "run", metrics = true, detach = true}\n'
+        'eval = {mtp = "run", detach = false}\n'
+    )
+    assert cli.main(["check-config", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "train = run+metrics+detach" in out
+    assert "eval = run (detach = false: the model's own)" in out
