@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from . import _phases, _roles, _sources, plugins
+from . import _runtime
 from ._decision import Decision, decide, explain
 from ._errors import (
     DecisionMismatchError,
@@ -104,7 +104,4 @@ def reset() -> None:
     auto = sys.modules.get("mtp_hooks.megatron._auto")
     if auto is not None:
         auto.enable(False)
-    plugins._reset()
-    _sources._reset()
-    _phases._reset()
-    _roles._reset()
+    _runtime.replace()

@@ -16,7 +16,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _generation, _phases
+from . import _phases, _runtime
 from ._errors import PolicyError
 from ._metrics import MTPMetrics
 from ._plugin_checks import mark_cacheable
@@ -141,7 +141,7 @@ class AcceptanceController:
             chosen = self.below if self.value < self.target else self.above
             if chosen != self.weight:
                 self.weight = chosen
-                _generation.advance()  # gates ask again at their next forward
+                _runtime.advance()  # gates ask again at their next forward
         return self.weight
 
     def _pooled(self, m: MTPMetrics) -> tuple[float, float]:

@@ -17,13 +17,11 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from . import _phases, _roles, _sources
+from . import _phases, _roles, _runtime, _sources
 from ._errors import PolicyConflictError
 from .plugins import _registry
 
 logger = logging.getLogger("mtp_hooks")
-_memo: dict[tuple[str | None, Any], Decision] = {}  # config decisions of this generation
-_memo_generation = [-1]
 
 
 _NO_VOTES: Mapping[str, bool | None] = MappingProxyType({})
@@ -156,18 +154,20 @@ def decide_normalized(
 ) -> tuple[Decision, bool]:
     """:func:`decide` for a phase already normalized; also says whether the result may be cached.
 
-    A decision may be reused for this model and phase until :data:`mtp_hooks._generation.counter`
+    A decision may be reused for this model and phase until the runtime's ``generation``
     changes when no plugin was consulted (the config decided, or no plugin implements
     ``should_run_mtp``) or every plugin that votes is a ``cacheable_vote``, and no
     ``mtp_loss_scale`` plugin gave its weight. Only decisions that consulted no plugin are also
     shared across models of one role (a vote may depend on the model).
     """
     generation = _sources.generation()
-    if _memo_generation[0] != generation:
-        _memo.clear()
-        _memo_generation[0] = generation
+    runtime = _runtime.current
+    memo = runtime.memo
+    if runtime.memo_generation != generation:
+        memo.clear()
+        runtime.memo_generation = generation
     tracing = _sources.tracing()
-    decision = _memo.get((role, phase))
+    decision = memo.get((role, phase))
     if decision is not None:
         return decision, True
     entry = _sources.lookup(role, str(phase))
@@ -196,7 +196,7 @@ def decide_normalized(
             decision = _with_plugin_detach(decision, model, phase, role)
             cacheable = False  # an answer may follow the drafter's acceptance
     if cacheable and shared:
-        _memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
+        memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:
         logger.info(
             "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s%s%s",

@@ -11,7 +11,7 @@ import contextvars
 import enum
 from collections.abc import Iterator
 
-from . import _generation
+from . import _runtime
 from ._errors import PolicyError
 
 
@@ -30,8 +30,8 @@ PhaseLike = Phase | str
 """A phase as hooks and API functions take it: a :class:`Phase` or a declared phase's name."""
 
 _BUILTIN: dict[str, Phase] = {p.value: p for p in Phase}
-_declared: set[str] = set()
-_current: contextvars.ContextVar[Phase | str | None] = contextvars.ContextVar(
+# The innermost phase() block of this thread or task; the gates read it at every forward.
+explicit_phase: contextvars.ContextVar[Phase | str | None] = contextvars.ContextVar(
     "mtp_hooks_phase", default=None
 )
 
@@ -61,9 +61,10 @@ def declare_phase(name: str) -> str:
         'distill'
     """
     _check_name(name, "declare_phase:")
-    if name not in _BUILTIN and name not in _declared:
-        _declared.add(name)
-        _generation.advance()
+    declared = _runtime.current.phases
+    if name not in _BUILTIN and name not in declared:
+        declared.add(name)
+        _runtime.advance()
     return name
 
 
@@ -71,7 +72,8 @@ def known_phases() -> list[str]:
     """Every phase accepted right now: built-in, declared by API and declared by plugins."""
     from .plugins import _registry
 
-    return list(_BUILTIN) + sorted((_declared | _registry().plugin_phases()) - set(_BUILTIN))
+    declared = _runtime.current.phases | _registry().plugin_phases()
+    return list(_BUILTIN) + sorted(declared - set(_BUILTIN))
 
 
 def normalize(name: object, where: str = "phase") -> Phase | str:
@@ -82,7 +84,7 @@ def normalize(name: object, where: str = "phase") -> Phase | str:
         builtin = _BUILTIN.get(name)
         if builtin is not None:
             return builtin
-        if name in _declared:
+        if name in _runtime.current.phases:
             return name
         from .plugins import _registry
 
@@ -112,18 +114,13 @@ def phase(name: Phase | str) -> Iterator[Phase | str]:
         <Phase.ROLLOUT: 'rollout'>
     """
     value = normalize(name, "mtp_hooks.phase()")
-    token = _current.set(value)
+    token = explicit_phase.set(value)
     try:
         yield value
     finally:
-        _current.reset(token)
+        explicit_phase.reset(token)
 
 
 def current_phase() -> Phase | str | None:
     """Return the innermost explicit phase of this thread or task, or ``None`` outside any block."""
-    return _current.get()
-
-
-def _reset() -> None:
-    _declared.clear()
-    _generation.advance()
+    return explicit_phase.get()

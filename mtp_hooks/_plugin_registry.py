@@ -15,10 +15,10 @@ from typing import Any
 
 import pluggy
 
-from . import _generation, hookspecs
+from . import _runtime, hookspecs
 from ._errors import PluginError, PluginLoadError, PolicyError, UnknownPluginError
 from ._plugin_checks import all_cacheable, check_plugin, declared_phases
-from ._policy import check_loss_scale
+from ._weights import check_loss_scale
 
 ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
 ENV_DISABLE = "MTP_HOOKS_DISABLE"
@@ -164,7 +164,7 @@ class PluginRegistry:
 
     def _changed(self) -> None:
         self._phases = self._cacheable = None
-        _generation.advance()
+        _runtime.advance()
 
     # -- hook calls --------------------------------------------------------------------------
     def votes(self, model: Any, phase: Any) -> list[tuple[str, bool | None]]:

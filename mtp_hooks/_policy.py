@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from . import _phases
 from ._errors import PolicyError
+from ._weights import check_loss_scale
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -124,27 +125,6 @@ def _check_option(option: str, flag: bool | None, where: str, value: str) -> boo
             f"to let the plugins decide), or drop '+{option}'"
         )
     return flag
-
-
-def check_loss_scale(raw: object, where: str, value: str = "run") -> float:
-    """A finite MTP loss weight >= 0 (``0`` still computes MTP: skip it to save the compute).
-
-    Raises:
-        PolicyError: Naming ``where``, for a weight that is negative, NaN, infinite, not a
-            number, or given with a value other than ``run``.
-    """
-    if value != "run":
-        raise PolicyError(f"{where}: a loss weight goes with 'run' only, not with {value!r}")
-    try:
-        scale = float(raw) if not isinstance(raw, bool) else float("nan")  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        scale = float("nan")
-    if not (scale >= 0 and scale != float("inf")):
-        raise PolicyError(
-            f"{where}: loss weight {raw!r} is not a finite number >= 0; write e.g. 'run:0.3'. "
-            "A weight of 0 still computes MTP: use 'skip' to save the compute."
-        )
-    return scale
 
 
 def _key(raw: object, source: str) -> Key:

@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import weakref
-
-from . import _generation
+from . import _runtime
 from ._errors import PolicyError
-
-_roles: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
 
 
 def check_role(role: object, where: str) -> str:
@@ -31,14 +27,15 @@ def set_role(model: object, role: str | None) -> None:
         >>> mtp_hooks.role_of(teacher)
         'teacher'
     """
+    roles = _runtime.current.roles
     if role is None:
-        _roles.pop(model, None)
-        _generation.advance()
+        roles.pop(model, None)
+        _runtime.advance()
         return
     check_role(role, "set_role")
     try:
-        _roles[model] = role
-        _generation.advance()
+        roles[model] = role
+        _runtime.advance()
     except TypeError as exc:
         raise PolicyError(
             f"set_role: {type(model).__name__} objects cannot be weakly referenced; "
@@ -51,11 +48,6 @@ def role_of(model: object) -> str | None:
     if model is None:
         return None
     try:
-        return _roles.get(model)
+        return _runtime.current.roles.get(model)
     except TypeError:
         return None
-
-
-def _reset() -> None:
-    _roles.clear()
-    _generation.advance()

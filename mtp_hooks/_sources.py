@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import _env, _generation
+from . import _env, _runtime
 from ._errors import PolicyError
 from ._policy import ENV_CONFIG, Key, PolicyEntry, parse_file, parse_policy, read_bytes
 
@@ -41,7 +41,7 @@ def _distributed_world() -> bool:
     )
 
 
-class _PolicyState:
+class PolicyState:
     """The configured policy, the environment sources as last read, and the merged view.
 
     The environment (``MTP_HOOKS_POLICY``, ``MTP_HOOKS_CONFIG``, ``MTP_HOOKS_TRACE``) is read at
@@ -79,7 +79,7 @@ class _PolicyState:
         self.file_bytes, self.file_entries, self.file_error = content, entries, None
         self.trace = _env.flag(ENV_TRACE)
         self.loaded = True
-        if _current[0] is self:
+        if _runtime.current.policy is self:
             _watch(self)
         self.next_poll = time.monotonic() + poll
         self.rebuild()
@@ -97,14 +97,14 @@ class _PolicyState:
             entries = parse_file(self.path, content)
         except PolicyError as exc:
             self.file_error = exc  # raised at every decision until the file is fixed
-            _generation.advance()
+            _runtime.advance()
             return
         self.file_bytes, self.file_entries, self.file_error = content, entries, None
         self.rebuild()
 
     def rebuild(self) -> None:
         self.merged = {**self.file_entries, **self.env_policy, **self.api}
-        _generation.advance()
+        _runtime.advance()
 
     # -- answering -------------------------------------------------------------------------------
     def current(self) -> dict[Key, PolicyEntry]:
@@ -136,17 +136,20 @@ def _poll_seconds() -> float:
     return value
 
 
-# The policy in force, swapped whole (never half-updated): module state that is replaced lives in
-# a one-slot list across the package; collections are changed in place; nothing is rebound.
-_current = [_PolicyState()]
-# Whether generation() has anything to do: the environment is unread, or a policy file is
-# watched. Gates read it directly and call generation() only then; _watch keeps it true.
-watching = [True]
+def _state() -> PolicyState:
+    """The policy in force (``current.policy``), made at first use; ``reload()`` swaps it whole,
+    never half-updated."""
+    runtime = _runtime.current
+    state = runtime.policy
+    if state is None:
+        state = runtime.policy = PolicyState()
+    return state
 
 
-def _watch(state: _PolicyState) -> None:
-    """Set :data:`watching` for ``state``, the policy in force."""
-    watching[0] = not state.loaded or state.path is not None
+def _watch(state: PolicyState) -> None:
+    """Set the runtime's ``watching`` for ``state``, the policy in force: whether
+    :func:`generation` has anything to do (the environment is unread, or a file is watched)."""
+    _runtime.current.watching = not state.loaded or state.path is not None
 
 
 def configure(policy: str | Mapping[str, Any] | None) -> None:
@@ -161,7 +164,7 @@ def configure(policy: str | Mapping[str, Any] | None) -> None:
         >>> mtp_hooks.configure(None)
     """
     entries = {} if policy is None else parse_policy(policy, "mtp_hooks.configure()")
-    state = _current[0]
+    state = _state()
     state.api = entries
     state.rebuild()
 
@@ -187,38 +190,34 @@ def reload() -> None:
             box[0] = (os.environ.get(ENV_POLICY), read_bytes(path) if path else None)
         dist.broadcast_object_list(box, src=0)
         shared = box[0]
-    candidate = _PolicyState()
-    candidate.api = _current[0].api
+    candidate = PolicyState()
+    candidate.api = _state().api
     candidate.load_environment(shared)  # validates everything before the swap
     _swap(candidate)
 
 
-def _swap(state: _PolicyState) -> None:
-    _current[0] = state
+def _swap(state: PolicyState) -> None:
+    _runtime.current.policy = state
     _watch(state)
-    _generation.advance()
-
-
-def _reset() -> None:
-    _swap(_PolicyState())
+    _runtime.advance()
 
 
 def lookup(role: str | None, phase: str) -> PolicyEntry | None:
     """Return the config entry for (role, phase): role-scoped first, then the plain phase."""
-    return _current[0].lookup(role, phase)
+    return _state().lookup(role, phase)
 
 
 def tracing() -> bool:
     """Whether ``MTP_HOOKS_TRACE`` was on when the environment was last read."""
-    return _current[0].trace
+    return _state().trace
 
 
 def generation() -> int:
     """The decision-cache counter, after reading the environment at first use and checking the
-    policy file for changes (gates call it only while :data:`watching`)."""
-    state = _current[0]
+    policy file for changes (gates call it only while the runtime is ``watching``)."""
+    state = _state()
     if not state.loaded:
         state.current()
     elif state.path is not None:
         state.check_file()
-    return _generation.counter[0]
+    return _runtime.current.generation

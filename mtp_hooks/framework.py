@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from . import _generation
+from . import _runtime
 from ._controller import AcceptanceController
 from ._errors import PolicyError
 from ._plugin_checks import mark_cacheable
@@ -103,7 +103,7 @@ class RoleSettings(Generic[T]):
     def set(self, value: T, role: str | None = None) -> None:
         """Use ``value`` for models of ``role`` (``None``: every role without its own)."""
         self._by_role[role] = value
-        _generation.advance()
+        _runtime.advance()
 
     def get(self, role: str | None) -> T | None:
         """The settings for ``role``, else the default, else ``None``."""
@@ -113,7 +113,7 @@ class RoleSettings(Generic[T]):
     def reset(self) -> None:
         """Forget every setting (for tests)."""
         self._by_role.clear()
-        _generation.advance()
+        _runtime.advance()
 
 
 def cacheable_vote(hook: F) -> F:
@@ -140,7 +140,7 @@ def cacheable_vote(hook: F) -> F:
 def votes_changed() -> None:
     """Tell mtp-hooks that state a :func:`cacheable_vote` depends on has changed: every gate
     asks the plugins again at its next forward."""
-    _generation.advance()
+    _runtime.advance()
 
 
 def framework_imported(package: str) -> bool:
@@ -186,7 +186,7 @@ def loss_scale_schedule(
         >>> loss_scale_schedule({0: 0.0, 1_000: 0.3}, 500, interpolate=True)
         0.15
     """
-    from ._policy import check_loss_scale
+    from ._weights import check_loss_scale
 
     if not points:
         raise PolicyError("loss_scale_schedule: give at least one {step: weight} point")

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 import pluggy
 
-from ._metrics import MTPMetrics
-from ._phases import PhaseLike
-
-if TYPE_CHECKING:  # torch is optional: the core runs without it
+if TYPE_CHECKING:  # annotations only: torch is optional, and the phases import the registry
     import torch
+
+    from ._metrics import MTPMetrics
+    from ._phases import PhaseLike
 
 __all__ = ["hookspec", "hookimpl", "PROJECT_NAME"]
 

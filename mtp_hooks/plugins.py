@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pluggy
 
-from . import _env, _generation
+from . import _env, _runtime
 from ._plugin_registry import ENV_DISABLE, ENV_DISABLE_AUTOLOAD, PluginInfo, PluginRegistry
 
 __all__ = [
@@ -24,17 +24,15 @@ __all__ = [
 ]
 
 
-_current: list[PluginRegistry | None] = [None]  # built on first use; reset() empties it
-
-
 def _registry() -> PluginRegistry:
     """Return the process-wide registry, creating it and loading entry points on first use."""
-    registry = _current[0]
+    runtime = _runtime.current
+    registry = runtime.registry
     if registry is None:
         registry = PluginRegistry()
         if not _env.flag(ENV_DISABLE_AUTOLOAD):
             registry.load_entry_points()
-        _current[0] = registry
+        runtime.registry = registry
     return registry
 
 
@@ -70,8 +68,3 @@ def unregister(name_or_plugin: str | object) -> None:
 def list_plugins() -> list[PluginInfo]:
     """Describe every registered or blocked plugin (what ``mtp-hooks plugins`` prints)."""
     return _registry().describe()
-
-
-def _reset() -> None:
-    _current[0] = None
-    _generation.advance()

@@ -27,7 +27,7 @@ from typing import Any, Final
 
 import torch
 
-from .. import _generation, _phases, _sources
+from .. import _phases, _runtime, _sources
 from . import _calls, _capabilities, _recorder, _refusals
 from ._config_view import config_view as _config_view
 from ._gate_state import Entry, GateState
@@ -41,9 +41,7 @@ _KWARGS: Final = _calls.KWARGS
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
-_current_phase = _phases._current.get  # the innermost phase() block, or None
-_WATCHING: Final = _sources.watching  # then _sources.generation() reads the policy sources
-_GENERATION: Final = _generation.counter
+_explicit_phase = _phases.explicit_phase.get  # the innermost phase() block, or None
 _TRAIN, _EVAL = _phases.Phase.TRAIN, _phases.Phase.EVAL
 _NO_MTP: Final = (("mtp_num_layers", None),)  # the config change of a skip
 
@@ -73,24 +71,69 @@ class MTPGate(GateState):
     ) -> Any:
         """Decide for this call and apply it (a native-flag skip sets the flag in ``kwargs``).
 
-        ``owner`` is the interpreter frame running the call (torch's, found here when torch
-        calls the hook; auto-attach passes it when it calls the hook itself).
+        Three steps: put back what interrupted calls left (rare), decide without the lock
+        (:meth:`_decide_call`), apply under it (below). ``owner`` is the interpreter frame
+        running the call (torch's, found here when torch calls the hook; auto-attach passes it
+        when it calls the hook itself).
 
         Raises:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
             MTPHooksError: Another thread runs this model with gates this call must change.
         """
-        cached: Entry  # set where a decision is made (run is not None)
         if owner is None:
             owner = _getframe(1)  # torch's frame running this call
         records = self.records
         if records:  # a running call (nesting, another thread) or an interrupted one
-            with self.lock:
-                interrupted = _calls.prune(self.records, module, None)
-            if interrupted and self.recorder is not None:
-                self.recorder.cancel()  # the metrics request the interrupted call left
-        mtp_process, config = module.mtp_process, module.config
-        # -- decide (no lock held: a plugin may detach, or forward another model) --
+            self._repair(module)
+        entry = self._decide_call(module, args, kwargs, records)
+        # -- step 3: apply, under the lock (acquire/release costs a third of a with-statement) --
+        lock = self.lock
+        lock.acquire()
+        try:
+            if self.removed:  # a plugin removed the gate while deciding: leave this call alone
+                return
+            thread = _get_ident()
+            base = self.base
+            mtp_process, config = module.mtp_process, module.config
+            toggled = mtp_process is not base[0] or config is not base[1]
+            current = (mtp_process, config) if toggled else base
+            if toggled and not records:  # changed between calls: the new base
+                self.base = base = current
+                toggled = False
+            if entry is None:  # leave MTP as it is
+                records.append((thread, owner, None, False, kwargs))
+            elif not entry.run:
+                self._skip(module, owner, thread, entry.counters, current, kwargs)
+            elif entry.changes is not None:  # a loss weight, +detach
+                self._run_changed(module, owner, thread, entry, current, kwargs)
+            else:
+                if toggled and records and _calls.other_thread(records, thread):
+                    _calls.refuse_concurrent(self.records, module, "run")
+                entry.counters[_RUN] += 1
+                if toggled:  # a running call changed the gates: this one runs on the base
+                    self._apply(module, owner, thread, current, base, kwargs)
+                else:
+                    records.append((thread, owner, None, False, kwargs))
+        finally:
+            lock.release()
+
+    def _repair(self, module: torch.nn.Module) -> None:
+        """Step 1: put back what calls a ``KeyboardInterrupt`` ended left on the model."""
+        with self.lock:
+            interrupted = _calls.prune(self.records, module, None)
+        if interrupted and self.recorder is not None:
+            self.recorder.cancel()  # the metrics request the interrupted call left
+
+    def _decide_call(
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        records: list[_calls.CallRecord],
+    ) -> Entry | None:
+        """Step 2, without the lock (a plugin may detach, or forward another model): the
+        decision of this call's phase, or ``None`` to leave MTP as it is (an inference call,
+        or MTP turned off by someone else)."""
         active = self.inference_active
         inference = active is not None and active()
         if kwargs and not inference:
@@ -103,58 +146,27 @@ class MTPGate(GateState):
                     inference = True
         if inference:
             self._counters("inference")[_UNTOUCHED] += 1
-            run: bool | None = None
-        elif _is_compiling():
-            _refusals.refuse_compiling()
-        else:
-            on = self.base if records else (mtp_process, config)  # while records, gates may differ
-            if on[0] and getattr(on[1], "mtp_num_layers", None):
-                phase = _current_phase()
-                if phase is None:
-                    phase = _TRAIN if module.training and _grad_enabled() else _EVAL
-                found = self.cache.get(phase)
-                generation = _sources.generation() if _WATCHING[0] else _GENERATION[0]
-                if found is None or found.generation != generation or self.checks:
-                    found = self._decide(module, phase)
-                cached = found
-                run = cached.run
-                if cached.metrics:  # +metrics: ask model.mtp's output to be measured
-                    self.recorder = self.recorder or _recorder.Recorder(module)
-                    self.recorder.request(module, phase, args, kwargs)
-            else:
-                run = None  # MTP already off (by someone else): nothing to decide
-        # -- apply (under the lock; acquire/release costs a third of a with-statement) --
-        lock = self.lock
-        lock.acquire()
-        try:
-            if self.removed:  # a plugin removed the gate while deciding: leave this call alone
-                return None
-            thread = _get_ident()
-            base = self.base
-            if records:  # another call may have changed the gates since they were read
-                mtp_process, config = module.mtp_process, module.config
-            toggled = mtp_process is not base[0] or config is not base[1]
-            current = (mtp_process, config) if toggled else base
-            if toggled and not records:  # changed between calls: the new base
-                self.base = base = current
-                toggled = False
-            if run is None:
-                records.append((thread, owner, None, False, kwargs))
-                return None
-            if not run:
-                return self._skip(module, owner, thread, cached.counters, current, kwargs)
-            if cached.changes is not None:
-                return self._run_changed(module, owner, thread, phase, cached, current, kwargs)
-            if toggled and records and _calls.other_thread(records, thread):
-                _calls.refuse_concurrent(self.records, module, "run")
-            cached.counters[_RUN] += 1
-            if not toggled:
-                records.append((thread, owner, None, False, kwargs))
-                return None
-            self._apply(module, owner, thread, current, base, kwargs)
             return None
-        finally:
-            lock.release()
+        if _is_compiling():
+            _refusals.refuse_compiling()
+        if records:  # the gates a running call set are not this call's
+            mtp_process, config = self.base
+        else:
+            mtp_process, config = module.mtp_process, module.config
+        if not (mtp_process and config.mtp_num_layers):
+            return None
+        phase = _explicit_phase()
+        if phase is None:
+            phase = _TRAIN if module.training and _grad_enabled() else _EVAL
+        entry = self.cache.get(phase)
+        runtime = _runtime.current  # while watching, generation() reads the sources
+        generation = _sources.generation() if runtime.watching else runtime.generation
+        if entry is None or entry.generation != generation or self.checks:
+            entry = self._decide(module, phase)
+        if entry.metrics:  # +metrics: ask model.mtp's output to be measured
+            self.recorder = self.recorder or _recorder.Recorder(module)
+            self.recorder.request(module, phase, args, kwargs)
+        return entry
 
     def post_hook(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -207,7 +219,6 @@ class MTPGate(GateState):
         module: torch.nn.Module,
         owner: FrameType,
         thread: int,
-        phase: Any,
         cached: Entry,
         current: tuple[Any, Any],
         kwargs: dict[str, Any],
@@ -220,7 +231,7 @@ class MTPGate(GateState):
             _calls.refuse_concurrent(self.records, module, "run with its own loss weight or detach")
         cached.counters[_RUN] += 1
         if cached.loss_scale is not None:
-            self.loss_scales[phase] = cached.loss_scale
+            self.loss_scales[cached.phase] = cached.loss_scale
         base_mtp_process, base_config = self.base
         assert cached.changes is not None
         view = self.views.get(base_config, cached.changes)

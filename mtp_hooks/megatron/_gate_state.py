@@ -24,8 +24,10 @@ from ._config_view import Changes, Views
 class Entry(NamedTuple):
     """A phase's cached decision, as the hooks read it."""
 
+    phase: Any
+    """The phase it decides."""
     generation: int
-    """The decision counter it was made at (:mod:`mtp_hooks._generation`)."""
+    """The runtime generation it was made at (:mod:`mtp_hooks._runtime`)."""
     run: bool
     counters: list[int]
     """The phase's ``[runs, skips, untouched]``, counted in place."""
@@ -128,6 +130,7 @@ class GateState:
             changes.append(("mtp_detach_heads", True))
         counters = self._counters(phase)
         entry = Entry(
+            phase,
             generation,
             decision.run,
             counters,

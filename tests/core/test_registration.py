@@ -118,14 +118,32 @@ def test_a_role_must_be_an_identifier():
 
 def test_importing_mtp_hooks_has_no_side_effects():
     code = (
-        "import sys, mtp_hooks, mtp_hooks.plugins as p;"
-        "assert p._current == [None], 'plugin manager created at import';"
+        "import sys, mtp_hooks, mtp_hooks._runtime as r;"
+        "assert r.current.registry is None, 'plugin manager created at import';"
+        "assert r.current.policy is None, 'policy sources read at import';"
         "assert 'megatron' not in sys.modules, 'megatron imported';"
         "assert 'torch' not in sys.modules, 'torch imported';"
         "print('clean')"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "clean"
+
+
+def test_reset_replaces_every_store_at_once_and_cached_decisions_cannot_survive_it():
+    from mtp_hooks import _runtime
+
+    mtp_hooks.configure("eval=skip")
+    mtp_hooks.declare_phase("distill")
+    model = type("Model", (), {})()
+    mtp_hooks.set_role(model, "teacher")
+    assert mtp_hooks.decide(model, "eval").run is False
+    before = _runtime.current
+    mtp_hooks.reset()
+    after = _runtime.current
+    assert after is not before and after.generation > before.generation
+    assert mtp_hooks.role_of(model) is None and mtp_hooks.decide(model, "eval").run is True
+    with pytest.raises(mtp_hooks.PolicyError, match="unknown phase 'distill'"):
+        mtp_hooks.decide(None, "distill")
 
 
 API_0_1 = {  # every name 0.1 exported: users import them, so each stays importable
