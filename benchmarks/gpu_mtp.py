@@ -5,11 +5,12 @@ Run on one GPU: ``python benchmarks/gpu_mtp.py --model gpt|hybrid [--spec local|
 layer specs (the default of Megatron-LM's ``pretrain_gpt.py``); ``--fp8`` trains and runs them in
 FP8 with that recipe (``fp8="hybrid"``).
 
-Five cases, measured round-robin in one process so drift hits all of them alike:
+Six cases, measured round-robin in one process so drift hits all of them alike:
 
 (a) the MTP model, no hooks; (b) hooks attached, policy run; (c) hooks attached, policy skip;
 (d) the same architecture built without MTP; (e) hooks attached, policy run, and
-``eval=run+metrics``: the eval forward also records MTP loss and acceptance.
+``eval=run+metrics``: the eval forward also records MTP loss and acceptance; (f) hooks attached,
+``train=run+detach``: MTP trains on detached inputs, its loss reaching only the MTP weights.
 
 Each case does a train step (forward + backward), a forward-only log-prob pass (``no_grad``,
 no labels, phase ``rollout``) and an eval forward (``eval()``, ``no_grad``, labels); it reports
@@ -128,11 +129,12 @@ def run(args) -> dict:
         if state["handle"] is not None:
             state["handle"].remove()
             state["handle"] = None
-        if case in ("b_hooks_run", "c_hooks_skip", "e_run_metrics"):
+        if case in ("b_hooks_run", "c_hooks_skip", "e_run_metrics", "f_run_detach"):
             state["handle"] = mtp_hooks.attach(mtp_model)
             policy = "skip" if case == "c_hooks_skip" else "run"
             metrics = "+metrics" if case == "e_run_metrics" else ""
-            mtp_hooks.configure(f"train={policy},rollout={policy},eval={policy}{metrics}")
+            detach = "+detach" if case == "f_run_detach" else ""
+            mtp_hooks.configure(f"train={policy}{detach},rollout={policy},eval={policy}{metrics}")
         return plain_model if case == "d_built_without_mtp" else mtp_model
 
     results: dict[str, dict[str, list[float]]] = {

@@ -3,13 +3,21 @@ goals, the file names and the bar chart."""
 
 from __future__ import annotations
 
-CASES = ("a_mtp_no_hooks", "b_hooks_run", "c_hooks_skip", "d_built_without_mtp", "e_run_metrics")
+CASES = (
+    "a_mtp_no_hooks",
+    "b_hooks_run",
+    "c_hooks_skip",
+    "d_built_without_mtp",
+    "e_run_metrics",
+    "f_run_detach",
+)
 LABELS = {
     "a_mtp_no_hooks": "(a) MTP model, no hooks",
     "b_hooks_run": "(b) hooks, policy run",
     "c_hooks_skip": "(c) hooks, policy skip",
     "d_built_without_mtp": "(d) built without MTP",
     "e_run_metrics": "(e) hooks, run, eval +metrics",
+    "f_run_detach": "(f) hooks, train run+detach",
 }
 TIMINGS = ("train", "fwd", "eval")
 # The ratios reported, as (case, reference case): keys of a result's "paired_ratios".
@@ -18,6 +26,8 @@ PAIRS = (
     ("b_hooks_run", "a_mtp_no_hooks"),
     ("c_hooks_skip", "a_mtp_no_hooks"),
     ("e_run_metrics", "a_mtp_no_hooks"),
+    ("f_run_detach", "a_mtp_no_hooks"),
+    ("f_run_detach", "c_hooks_skip"),
 )
 
 
@@ -34,7 +44,7 @@ def table(result: dict) -> str:
         "| eval forward median (min-max) | peak extra mem, train | peak extra mem, eval |",
         "|---|---|---|---|---|---|",
     ]
-    for case in CASES:
+    for case in (c for c in CASES if c in cases):  # results from before (f) have no (f)
         c = cases[case]
         cells = [
             f"{c[f'{t}_ms_median']:.1f} ms ({c[f'{t}_ms_min']:.1f}-{c[f'{t}_ms_max']:.1f})"
@@ -44,7 +54,8 @@ def table(result: dict) -> str:
             f"| {LABELS[case]} | {' | '.join(cells)} "
             f"| {c['train_peak_extra_gib']:.2f} GiB | {c['eval_peak_extra_gib']:.2f} GiB |"
         )
-    a, b, c_, d, e = (cases[k] for k in CASES)
+    a, b, c_, d, e = (cases[k] for k in CASES[:5])
+    f = cases.get("f_run_detach")
 
     def ratio(x, y, key):
         return f"{x[key] / y[key]:.4f}" if y[key] else "n/a"
@@ -62,10 +73,14 @@ def table(result: dict) -> str:
             ("(b)/(a) hooks run vs no hooks", b, a, "within 0.5%"),
             ("(c)/(a) skip vs MTP run", c_, a, "saving"),
             ("(e)/(a) eval +metrics vs no hooks", e, a, "eval: one projection per depth"),
+            ("(f)/(a) train run+detach vs no hooks", f, a, "train: about (a)"),
+            ("(f)/(c) train run+detach vs skip", f, c_, "train: the cost of training MTP"),
         ),
         (f"{x}/{y}" for x, y in PAIRS),
         strict=True,
     ):
+        if x is None:
+            continue
         times = " | ".join(ratio(x, y, f"{t}_ms_median") for t in TIMINGS)
         lines.append(f"| {label} | {times} | {ratio(x, y, 'train_peak_extra_gib')} | {goal} |")
         if key in paired:  # results from before paired ratios were recorded have none
