@@ -39,6 +39,7 @@ __all__ = [
     "Wrapper",
     "Paused",
     "forward_in",
+    "train_step",
     "deepcopy_model",
     "VOCAB",
 ]
@@ -206,6 +207,15 @@ class Paused:
         self.hook.remove()
         if self.error is not None:
             raise self.error
+
+
+def train_step(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
+    """One training forward and backward: the loss and every parameter's gradient."""
+    model.zero_grad(set_to_none=True)
+    model.train()
+    loss = model(*batch.args(), labels=batch.labels)
+    loss.sum().backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
 def forward_in(model, batch, phase: str) -> None:

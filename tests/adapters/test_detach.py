@@ -16,7 +16,7 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import Paused, deepcopy_model, forward_in
+from model_fixtures import Paused, deepcopy_model, forward_in, train_step
 
 
 def has_detach_field() -> bool:
@@ -28,14 +28,6 @@ def has_detach_field() -> bool:
 needs_field = pytest.mark.skipif(
     not has_detach_field(), reason="mtp_detach_heads came in megatron-core 0.19"
 )
-
-
-def train_step(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
-    model.zero_grad(set_to_none=True)
-    model.train()
-    loss = model(*batch.args(), labels=batch.labels)
-    loss.sum().backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
 def configs(model) -> list:

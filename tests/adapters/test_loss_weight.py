@@ -13,15 +13,7 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import Paused, forward_in, native
-
-
-def train_step(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
-    model.zero_grad(set_to_none=True)
-    model.train()
-    loss = model(*batch.args(), labels=batch.labels)
-    loss.sum().backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+from model_fixtures import Paused, forward_in, native, train_step
 
 
 def same(a: dict, b: dict) -> bool:
