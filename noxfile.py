@@ -121,7 +121,7 @@ def core(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install(RUFF)
-    paths = ["mtp_hooks", "plugins", "tests", "benchmarks", "noxfile.py", "conftest.py"]
+    paths = ["mtp_hooks", "plugins", "tests", "benchmarks", "examples", "noxfile.py", "conftest.py"]
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
 

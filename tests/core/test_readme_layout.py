@@ -17,3 +17,10 @@ def test_the_readme_layout_table_names_every_module():
         if not any(f"`{folder}/" in row and f"{path.name}`" in row for row in rows):
             missing.append(path.relative_to(ROOT).as_posix())
     assert missing == []
+
+
+def test_the_readme_shows_the_drafter_loop_example_in_full():
+    readme = (ROOT / "README.md").read_text()
+    example = (ROOT / "examples" / "keep_the_drafter_fresh.py").read_text()
+    code = example[example.index("import torch") :]
+    assert f"```python\n{code}```" in readme

@@ -1,0 +1,35 @@
+"""The examples run as the README shows them."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_drafter_loop_skips_mtp_once_it_drafts_well_and_trains_it_detached_after_a_shift():
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if "mtp_detach_heads" not in TransformerConfig.__dataclass_fields__:
+        pytest.skip("+detach needs megatron-core 0.19 (mtp_detach_heads)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    env["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "keep_the_drafter_fresh.py")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=280,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = [line for line in out.stdout.splitlines() if line.startswith("step")]
+    before, after = lines[:3], lines[3:5]
+    assert all(line.endswith("train MTP skipped") for line in before), lines
+    assert any(line.endswith("weight 0.3, detached") for line in after), lines
+    assert lines[-1].endswith("train MTP skipped"), lines  # caught up again
+    assert "'detached': " in out.stdout
