@@ -8,8 +8,12 @@
 # VARIANT: local (megatron's local layers, the default), te (--transformer-impl
 # transformer_engine), te-fp8 (te with --fp8-format hybrid --fp8-recipe tensorwise),
 # te-graphs-local / te-graphs-te (te with --cuda-graph-impl local / transformer_engine),
-# te-fp8-graphs-te (te-fp8 with --cuda-graph-impl transformer_engine). EXTRA_FLAGS (a string)
-# is added to every run, e.g. EXTRA_FLAGS="--hidden-dropout 0 --attention-dropout 0".
+# te-fp8-graphs-te (te-fp8 with --cuda-graph-impl transformer_engine), te-graphs-full /
+# local-graphs-full (te / local with --cuda-graph-impl full_iteration; its capture needs the
+# timers' barriers off and no NaN check). A graphs variant may
+# name megatron's capture regions after a +: te-graphs-te+attn+mlp adds
+# --cuda-graph-modules attn mlp. EXTRA_FLAGS (a string) is added to every run, e.g.
+# EXTRA_FLAGS="--hidden-dropout 0 --attention-dropout 0".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The megatron-core wheel ships the compiled dataset helper but not the Makefile that
@@ -26,10 +30,12 @@ LOCAL=(--transformer-impl local --attention-backend unfused --no-gradient-accumu
        --no-masked-softmax-fusion --no-bias-gelu-fusion --no-bias-dropout-fusion
        --no-persist-layer-norm)
 TE=(--transformer-impl transformer_engine --no-gradient-accumulation-fusion)
+FULL=(--cuda-graph-impl full_iteration --no-check-for-nan-in-loss-and-grad --timing-log-level 0)
 run() {  # $1 variant, $2 label, rest: env assignments
     local variant=$1 label=$2; shift 2
-    local flags
-    case $variant in
+    local flags modules=()
+    [[ $variant == *+* ]] && IFS=+ read -ra modules <<< "${variant#*+}"
+    case ${variant%%+*} in
         local) flags=("${LOCAL[@]}") ;;
         te) flags=("${TE[@]}") ;;
         te-fp8) flags=("${TE[@]}" --fp8-format hybrid --fp8-recipe tensorwise) ;;
@@ -37,8 +43,11 @@ run() {  # $1 variant, $2 label, rest: env assignments
         te-graphs-te) flags=("${TE[@]}" --cuda-graph-impl transformer_engine) ;;
         te-fp8-graphs-te) flags=("${TE[@]}" --fp8-format hybrid --fp8-recipe tensorwise
                                  --cuda-graph-impl transformer_engine) ;;
+        te-graphs-full) flags=("${TE[@]}" "${FULL[@]}") ;;
+        local-graphs-full) flags=("${LOCAL[@]}" "${FULL[@]}") ;;
         *) echo "unknown variant $variant" >&2; return 2 ;;
     esac
+    [ ${#modules[@]} -gt 0 ] && flags+=(--cuda-graph-modules "${modules[@]}")
     local log="${LOG_DIR:-/tmp}/pretrain-$variant-$label.log"
     echo "=== $variant / $label: $*"
     env "$@" torchrun --nproc-per-node 1 --master-port "$((29500 + RANDOM % 1000))" \
@@ -53,7 +62,7 @@ run() {  # $1 variant, $2 label, rest: env assignments
 for variant in "${@:-local}"; do
     run "$variant" default MTP_HOOKS_AUTO=0
     run "$variant" eval-skip MTP_HOOKS_AUTO=1 MTP_HOOKS_TRACE=1 "MTP_HOOKS_POLICY=train=run,eval=skip"
-    case $variant in
+    case ${variant%%+*} in
         te-graphs-local)  # refused at the first training forward, before any step
             run "$variant" train-skip-eval-run MTP_HOOKS_AUTO=1 "MTP_HOOKS_POLICY=train=skip,eval=run" ;;
         *) run "$variant" train-skip MTP_HOOKS_AUTO=1 "MTP_HOOKS_POLICY=train=skip,eval=skip" ;;

@@ -32,9 +32,10 @@ class Runtime:
         "roles",
         "memo",
         "memo_generation",
+        "listeners",
     )
 
-    def __init__(self, generation: int = 0) -> None:
+    def __init__(self, generation: int = 0, listeners: weakref.WeakSet[Any] | None = None) -> None:
         self.generation = generation
         """Advances whenever anything a decision depends on changes."""
         self.watching = True
@@ -51,18 +52,26 @@ class Runtime:
         self.memo: dict[tuple[str | None, Any], Any] = {}
         """Decisions that consulted no plugin, by (role, phase), for ``memo_generation``."""
         self.memo_generation = -1
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet() if listeners is None else listeners
+        """Objects whose ``after_advance()`` runs after every :func:`advance`, held weakly:
+        gates of models whose captured CUDA graphs must follow a change, since no hook of
+        theirs runs while megatron replays them."""
 
 
 current = Runtime()
 
 
 def advance() -> None:
-    """Invalidate every cached decision."""
+    """Invalidate every cached decision, and tell the listeners."""
     current.generation += 1
+    if current.listeners:
+        for listener in list(current.listeners):
+            listener.after_advance()
 
 
 def replace() -> None:
     """Start over with a fresh :class:`Runtime` (:func:`mtp_hooks.reset`). The counter keeps
-    counting, so no decision a gate cached before can pass for a new one."""
+    counting, so no decision a gate cached before can pass for a new one; the listeners, which
+    belong to attached models rather than to the policy, stay."""
     global current
-    current = Runtime(current.generation + 1)
+    current = Runtime(current.generation + 1, current.listeners)

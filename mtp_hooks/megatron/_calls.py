@@ -189,6 +189,7 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     new.lock, new.removed = threading.Lock(), False
     memo[id(gate)] = new
     new.handles = copy.deepcopy(gate.handles, memo)
+    new.listen()
     if gate.on_copy is not None:
         gate.on_copy(new)
     return new

@@ -1,38 +1,61 @@
 """What megatron's CUDA graphs let a gate decide, checked before the first training step.
 
-megatron graphs layers (``TransformerLayer``, ``MambaLayer``, and the transformer layer inside
-each MTP layer), never ``GPTModel``/``HybridModel``, whose forward stays eager and is where
-the gate acts. A skipped MTP block therefore just leaves its layers' graphs unused. What can
-fail is the other direction, and only with ``cuda_graph_impl="local"``:
+megatron has three kinds of training graphs, and the gate acts on ``GPTModel``/``HybridModel``,
+whose forward megatron never graphs on its own:
 
 * **local** (``cuda_graph_impl="local"``, or the older ``enable_cuda_graph=True``): each
-  layer's graphs are recorded in the training forwards that run before megatron creates them,
-  and from then on every call of a graphed layer, evaluation included, replays one of them
-  (megatron asserts "no matching cudagraph runners" otherwise). MTP layers that training
-  skipped have no graph, so MTP can run later only if it ran in training.
+  graphed layer (with ``cuda_graph_modules`` ``attn`` or ``mlp`` too) records its graphs in the
+  training forwards that run before megatron creates them, and from then on every call of the
+  layer, evaluation included, replays one of them (megatron asserts "no matching cudagraph
+  runners" otherwise). MTP layers that training skipped have no graph, so where megatron graphs
+  the MTP layers, MTP can run later only if it ran in training.
 * **Transformer Engine** (``cuda_graph_impl="transformer_engine"``): the graphs are captured
   before the first training step from sample inputs, layer by layer, and replayed only while
   the layer is in training mode; evaluation runs eagerly. Every policy works.
-
-So with local graphs a policy that skips MTP in training and runs it in another phase is
-refused at the first forward, before any step. A decision that only a plugin makes later is
-checked against megatron's own record of what was graphed, at the forward that would fail.
+* **full iteration** (``cuda_graph_impl="full_iteration"``): megatron captures the whole
+  forward-backward of a training iteration, and of an ``evaluate()`` iteration, each after
+  ``cuda_graph_warmup_steps`` eager ones, and replays them without running any Python, hooks
+  included. The gate decides in the eager iterations and during capture, so each graph holds
+  the decision of its phase. Whenever anything a decision depends on changes
+  (:func:`mtp_hooks._runtime.advance`), :func:`recapture` drops megatron's captured graphs
+  through megatron's own ``reset_cuda_graph``, so the next iterations run eagerly again, where
+  the gate decides anew, and megatron captures again. What replays cannot follow is refused at
+  attach and when the policy changes: ``+metrics`` (recorded in Python after each forward),
+  votes of plugins asked at every forward, and loss weights from plugins.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
+
+import torch
 
 from .. import _decision, _phases
 from .._errors import UnsupportedModelError
 
+logger = logging.getLogger("mtp_hooks")
+GRAPHED_PHASES = (_phases.Phase.TRAIN, _phases.Phase.EVAL)
+"""The phases of megatron's captured iterations: training, and ``evaluate()``."""
+
 
 def implementation(config: Any) -> str | None:
-    """``"local"``, ``"transformer_engine"``, or ``None`` when ``config`` graphs no layer."""
+    """``"local"``, ``"transformer_engine"``, ``"full_iteration"``, or ``None`` when ``config``
+    graphs nothing for training."""
     impl = getattr(config, "cuda_graph_impl", "none")
+    scope = getattr(config, "cuda_graph_scope", None)  # releases before cuda_graph_modules
+    scopes = scope if isinstance(scope, (list, tuple)) else [scope]
+    if impl == "full_iteration" or any(str(s).endswith("full_iteration") for s in scopes):
+        return "full_iteration"
     if impl == "local" or getattr(config, "enable_cuda_graph", False):
         return "local"
     return "transformer_engine" if impl == "transformer_engine" else None
+
+
+def mtp_layers_graphed(model: Any) -> bool:
+    """Whether megatron gave any of ``model``'s MTP modules a local graph manager (it does for
+    the layers inside the MTP block unless ``cuda_graph_modules`` leaves them out)."""
+    return any(hasattr(m, "cudagraph_manager") for m in model.mtp.modules())
 
 
 def check_policy(model: Any, role: str | None) -> None:
@@ -84,4 +107,94 @@ def _refuse(what: str, whose: str) -> None:
         "cudagraph runners'. Run MTP in training (e.g. train=run, eval=skip works), skip it in "
         "the other phases too, use cuda_graph_impl='transformer_engine', or set "
         "cuda_graph_impl='none'."
+    )
+
+
+# -- full-iteration graphs ---------------------------------------------------------------------
+def _full_graph_wrapper() -> Any | None:
+    """megatron's ``FullCudaGraphWrapper`` class, if it can drop a captured graph."""
+    try:
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+    except ImportError:
+        return None
+    return FullCudaGraphWrapper if hasattr(FullCudaGraphWrapper, "reset_cuda_graph") else None
+
+
+def refuse_unfollowable_full_graphs() -> None:
+    """At attach: full-iteration graphs on a megatron-core that cannot drop a captured graph."""
+    if _full_graph_wrapper() is None:
+        raise UnsupportedModelError(
+            "mtp_hooks.attach: this model uses full-iteration CUDA graphs, which replay the "
+            "whole training and evaluation iterations without running any forward hook, and "
+            "this megatron-core's FullCudaGraphWrapper has no reset_cuda_graph() (it came in "
+            "megatron-core 0.18), so a policy change could never reach the captured graphs. "
+            "Upgrade megatron-core, use per-layer graphs (cuda_graph_impl='local' or "
+            "'transformer_engine'), or set cuda_graph_impl='none'."
+        )
+
+
+def check_full_iteration_policy(model: Any, role: str | None, cached_votes: bool) -> None:
+    """Refuse what full-iteration replays cannot follow in training and evaluation: ``+metrics``,
+    a vote of a plugin asked at every forward, a loss weight from a plugin. ``cached_votes``:
+    every voting plugin is a ``cacheable_vote``, whose changes reach :func:`recapture`.
+
+    Raises:
+        UnsupportedModelError: Names the phase, what cannot be followed and the fix.
+    """
+    for phase in GRAPHED_PHASES:
+        decision = _decision.decide_normalized(model, phase, role)[0]
+        voters = [name for name, vote in decision.votes.items() if vote is not None]
+        if decision.metrics:
+            what, fix = f"{phase}=...+metrics", f"drop '+metrics' from {phase}"
+            why = "records MTP figures in Python after each forward, which no replay runs"
+        elif voters and not cached_votes:
+            what = f"plugin(s) {', '.join(voters)} voting in {phase}"
+            why = "asks its plugins at every forward, and replays ask no one"
+            fix = f"set {phase} in the policy config, or declare the votes cacheable_vote"
+        elif decision.loss_scale_by not in (None, "config"):
+            what = f"the MTP loss weight of plugin(s) {decision.loss_scale_by} in {phase}"
+            why = "asks for a plugin's weight at every forward (it may follow the step)"
+            fix = f"give {phase} its weight in the policy config (run:W)"
+        else:
+            continue
+        raise UnsupportedModelError(
+            f"mtp_hooks: this model uses full-iteration CUDA graphs, which replay megatron's "
+            f"training and evaluate() iterations without running any forward hook, but the "
+            f"policy has {what}, which {why}. To fix it, {fix}, or set cuda_graph_impl to "
+            "'local', 'transformer_engine' or 'none'."
+        )
+
+
+def capturing() -> bool:
+    """Whether this thread's current CUDA stream is capturing a graph."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+
+
+def recapture() -> None:
+    """Drop megatron's captured full-iteration graphs, so that the next iterations run eagerly
+    (where gates decide anew) and megatron captures them again. Called whenever anything a
+    decision depends on changes while a model with full-iteration graphs is attached.
+
+    Raises:
+        UnsupportedModelError: The change came while a graph is being captured.
+    """
+    wrapper = _full_graph_wrapper()
+    captured = [] if wrapper is None else [s for s, g in wrapper.cuda_graph.items() if g is not None]
+    if not captured:
+        return
+    if capturing():
+        raise UnsupportedModelError(
+            "mtp_hooks: the policy changed while megatron was capturing a full-iteration CUDA "
+            f"graph, and the captured {', '.join(captured)} graphs cannot be dropped during a "
+            "capture. Change the policy between training steps."
+        )
+    # reset_cuda_graph reads only FullCudaGraphWrapper's class-level state, and __init__ needs
+    # a CUDA stream: an instance without __init__ calls megatron's own method.
+    unbound = object.__new__(wrapper)
+    for stage in captured:
+        unbound.reset_cuda_graph(stage)
+    logger.info(
+        "mtp_hooks: the policy changed; megatron's captured full-iteration CUDA graphs (%s) are "
+        "dropped and will be captured again after cuda_graph_warmup_steps eager iterations",
+        ", ".join(captured),
     )

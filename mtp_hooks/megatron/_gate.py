@@ -13,9 +13,8 @@ calls return. A ``+metrics`` decision also asks :mod:`._recorder` to measure the
 The gates are plain instance attributes (never parameters, buffers or submodules), written with
 ``object.__setattr__``, where ``nn.Module.__setattr__`` ends after its isinstance checks.
 
-Both hooks run at every forward, so they are written for speed (docs/benchmarks.md): module
-globals bound once, the decision cached per phase, and the lock taken once per call unless
-the call changes a gate.
+Both hooks run at every forward, so they are written for speed (docs/benchmarks.md): globals
+bound once, the decision cached per phase, one lock per call unless the call changes a gate.
 """
 
 from __future__ import annotations
@@ -60,6 +59,7 @@ class MTPGate(GateState):
                 self.post_hook, with_kwargs=True, always_call=True, prepend=True
             ),
         ]
+        self.listen()
 
     # -- the hooks -----------------------------------------------------------------------------
     def pre_hook(

@@ -16,7 +16,8 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
-from .. import _decision, _roles, _sources
+from .. import _decision, _roles, _runtime, _sources
+from ..plugins import _registry
 from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _refusals
 from ._config_view import Changes, Views
 
@@ -56,13 +57,16 @@ class GateState:
         self.verify = verify
         self.ddp = ddp
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
-        self.local_graphs = _cuda_graphs.implementation(model.config) == "local"
-        self.ep_overlap = bool(getattr(model.config, "overlap_moe_expert_parallel_comm", False))
+        _refusals.refuse_unsupported_config(model.config)
         graphs = _cuda_graphs.implementation(model.config)
+        self.local_graphs = graphs == "local" and _cuda_graphs.mtp_layers_graphed(model)
+        self.full_graphs = graphs == "full_iteration"
+        if self.full_graphs:
+            _cuda_graphs.refuse_unfollowable_full_graphs()
+        self.ep_overlap = bool(getattr(model.config, "overlap_moe_expert_parallel_comm", False))
         self.detach_refusal = _refusals.detach_refusal(model.config, graphs)
         self.checks = verify or self.local_graphs  # a per-call check: decide at every call
         self.policy_checked = -1  # the generation whose policy was checked against the above
-        _refusals.refuse_unsupported_config(model.config)
         self.records: list[_calls.CallRecord] = []
         self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched, detached]
         self.cache: dict[Any, Entry] = {}  # phase -> _decide's entry
@@ -104,6 +108,19 @@ class GateState:
                 for handle in self.handles:
                     handle.remove()
                 self.handles = []
+        _runtime.current.listeners.discard(self)
+
+    # -- full-iteration CUDA graphs ------------------------------------------------------------
+    def listen(self) -> None:
+        """With full-iteration graphs, follow every change of what decisions depend on."""
+        if self.full_graphs:
+            _runtime.current.listeners.add(self)
+
+    def after_advance(self) -> None:
+        """Something a decision depends on changed, and megatron's replays run no hook: have
+        megatron capture its full-iteration graphs again (:func:`._cuda_graphs.recapture`)."""
+        if not self.removed and self._model() is not None:
+            _cuda_graphs.recapture()
 
     # -- deciding ------------------------------------------------------------------------------
     def _decide(self, module: torch.nn.Module, phase: Any) -> Entry:
@@ -115,8 +132,8 @@ class GateState:
             self.check_policy(module, role)
             self.policy_checked = generation
         decision, cacheable = _decision.decide_normalized(module, phase, role)
-        if self.verify:
-            _distributed.verify_agreement(decision, phase)
+        if self.verify and not (self.full_graphs and _cuda_graphs.capturing()):
+            _distributed.verify_agreement(decision, phase)  # host syncs: never inside a capture
         if self.local_graphs and decision.run:
             _cuda_graphs.check_replayable(module)
         changes: list[tuple[str, Any]] = []
@@ -144,11 +161,14 @@ class GateState:
         return entry
 
     def check_policy(self, module: torch.nn.Module, role: str | None) -> None:
-        """Refuse a policy this model's execution mode cannot follow: local CUDA graphs, the
-        combined 1F1B schedule, ``+detach`` where it cannot work. Called at attach and whenever
-        the policy changes, so the news comes before the first training step."""
+        """Refuse a policy this model's execution mode cannot follow: CUDA graphs, the combined
+        1F1B schedule, ``+detach`` where it cannot work. Called at attach and whenever the
+        policy changes, so the news comes before the first training step."""
         if self.local_graphs:
             _cuda_graphs.check_policy(module, role)
+        if self.full_graphs:
+            cached = _registry().votes_cacheable()
+            _cuda_graphs.check_full_iteration_policy(module, role, cached)
         if self.ep_overlap:
             _refusals.check_ep_overlap_policy(module, role)
         if self.detach_refusal is not None:

@@ -11,25 +11,13 @@ from .._errors import UnsupportedModelError
 
 
 def refuse_unsupported_config(config: Any) -> None:
-    """Refuse, at attach time, execution paths that never call ``Module.__call__``."""
+    """Refuse, at attach time, layouts a gate cannot follow."""
     if getattr(config, "mtp_standalone", False):
         raise UnsupportedModelError(
             "mtp_hooks.attach: this pipeline layout puts MTP on a standalone stage "
             "(config.mtp_standalone=True), where the MTP stage and the loss stage would have to "
             "reach the same decision for every microbatch independently. It is not supported; "
             "place MTP on the last pipeline stage (the default layout) to use mtp-hooks."
-        )
-    impl = getattr(config, "cuda_graph_impl", "none")
-    scope = getattr(config, "cuda_graph_scope", None)
-    scopes = scope if isinstance(scope, (list, tuple)) else [scope]
-    if impl == "full_iteration" or any("full_iteration" in str(s) for s in scopes):
-        raise UnsupportedModelError(
-            "mtp_hooks.attach: full-iteration CUDA graphs (cuda_graph_impl='full_iteration') "
-            "capture the whole training iteration, and megatron's evaluate() a validation "
-            "iteration of its own, after cuda_graph_warmup_steps; their replays call no forward "
-            "hook, so a decision would be frozen at capture and a later policy change silently "
-            "ignored. Use per-layer graphs (cuda_graph_impl='local' or 'transformer_engine'), "
-            "which mtp-hooks supports, or cuda_graph_impl='none'."
         )
 
 
@@ -96,7 +84,7 @@ def detach_refusal(config: Any, graphs: str | None) -> str | None:
         )
     if graphs is not None:
         return (
-            f"this model graphs its layers (cuda_graph_impl={graphs!r}), and a per-forward "
+            f"this model uses CUDA graphs (cuda_graph_impl={graphs!r}), and a per-forward "
             "detach has not been verified against captured graphs. Build the model with "
             "mtp_detach_heads=True to detach in every forward, or set cuda_graph_impl='none'"
         )

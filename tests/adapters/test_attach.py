@@ -139,7 +139,6 @@ def test_a_compiled_model_is_refused(build):
 @pytest.mark.parametrize(
     ("field", "value", "message"),
     [
-        ("cuda_graph_impl", "full_iteration", "full-iteration CUDA graphs"),
         ("mtp_standalone", True, "standalone stage"),
     ],
 )
@@ -156,13 +155,19 @@ def test_a_mode_that_bypasses_forward_hooks_is_refused_at_attach(
     assert not model._forward_pre_hooks
 
 
-def graphed(model, impl: str):
+def graphed(model, impl: str, mtp_layers: bool = True):
     """``model`` with a config of its own that declares ``impl`` CUDA graphs (the graphs
-    themselves need CUDA; the gate only reads the config)."""
+    themselves need CUDA; the gate reads the config). With local graphs megatron gives each
+    graphed layer a ``cudagraph_manager`` when it builds it; ``mtp_layers`` puts a stand-in on
+    the MTP block's transformer layer, as megatron does unless ``cuda_graph_modules`` leaves it
+    out."""
     if impl == "transformer_engine" and type(model).__name__ == "HybridModel":
         pytest.skip("HybridModel reads the TE graph list that only a CUDA build creates")
     model.config = copy.copy(model.config)
     model.config.cuda_graph_impl = impl
+    if impl == "local" and mtp_layers:
+        layer = next(m for m in model.mtp.modules() if type(m).__name__ == "TransformerLayer")
+        layer.cudagraph_manager = GraphManagerStandIn()
     return model
 
 
@@ -198,6 +203,33 @@ def test_under_local_cuda_graphs_the_first_training_forward_refuses_mtp_run_only
     assert "eval=run" in message and "rollout" not in message
     assert "cuda_graph_impl='local'" in message and "train=run, eval=skip works" in message
     assert model.config is config and model.mtp_process is True and counter.n == 0
+
+
+def test_under_local_cuda_graphs_that_leave_the_mtp_layers_out_any_policy_is_followed(
+    build, batch, count_mtp
+):
+    model = graphed(build(), "local", mtp_layers=False)  # e.g. cuda_graph_modules=["mamba"]
+    counter = count_mtp(model)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip,eval=run")
+    model(*batch.args(), labels=batch.labels).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)
+    assert counter.n == 1
+
+
+def test_full_iteration_graphs_that_megatron_cannot_drop_are_refused_at_attach(build):
+    from megatron.core import full_cuda_graph
+
+    if hasattr(full_cuda_graph.FullCudaGraphWrapper, "reset_cuda_graph"):
+        pytest.skip("this megatron-core drops captured graphs: tests/adapters/test_full_iteration*")
+    model = build()
+    model.config = config = copy.copy(model.config)
+    config.cuda_graph_impl = "full_iteration"
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="reset_cuda_graph"):
+        mtp_hooks.attach(model)
+    assert model.config is config and not model._forward_pre_hooks
 
 
 def test_under_transformer_engine_cuda_graphs_any_policy_is_followed(build, batch, count_mtp):

@@ -11,7 +11,9 @@ use_transformer_engine=True)``, and the TE-based ``hybrid_stack_spec`` with the 
 * Training with the decision changing between steps (``run:0.3``, then ``skip``), in bf16 and
   with the FP8 ``delayed`` and ``tensorwise`` recipes: losses stay finite, and on a skipped
   step the MTP weights and the FP8 scaling state of the MTP modules stay as they were.
-* ``freeze_mtp``, ``eval=run+metrics`` and ``run:W`` work on TE modules.
+* ``freeze_mtp``, ``freeze_trunk``, ``eval=run+metrics`` and ``run:W`` work on TE modules.
+* ``train=run+detach`` leaves the trunk, embedding and output-layer gradients of a skipped
+  forward bit for bit, in bf16 and FP8 ``tensorwise``, while the MTP weights get gradients.
 """
 
 from __future__ import annotations
@@ -232,3 +234,47 @@ def test_a_loss_weight_scales_the_mtp_gradients_of_te_modules(kind):
         if low.abs().sum() > 0:
             ratio = grads[0.3][name].norm() / low.norm()
             assert abs(ratio.item() - 3.0) < 0.05, (name, ratio.item())
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
+def test_a_detached_mtp_forward_leaves_the_trunk_gradients_of_a_skip_on_te_modules(kind, recipe):
+    model = build(kind, recipe=recipe)
+    mtp_hooks.attach(model)
+    ids, pos, labels = batch()
+    model.train()
+    ran = tiny_models.MTPForwards(model)
+    grads, losses = {}, {}
+    for policy in ("train=skip", "train=run+detach"):
+        mtp_hooks.configure(policy)
+        model.zero_grad(set_to_none=True)
+        loss = model(ids, pos, None, labels=labels).float().mean()
+        loss.backward()
+        losses[policy] = loss.detach()
+        grads[policy] = {n: p.grad for n, p in model.named_parameters()}
+    assert ran.n == 1
+    assert torch.equal(losses["train=skip"], losses["train=run+detach"])
+    skipped, detached = grads["train=skip"], grads["train=run+detach"]
+    for name, grad in skipped.items():
+        if name.startswith("mtp."):
+            assert grad is None, name
+        else:
+            assert torch.equal(grad, detached[name]), name
+    assert any(g is not None and g.abs().sum() > 0 for n, g in detached.items() if "mtp." in n)
+
+
+def test_freeze_trunk_keeps_the_te_trunk_bit_identical_while_mtp_trains(kind):
+    model = build(kind)
+    frozen = mtp_hooks.freeze_trunk(model)
+    assert frozen and not any(n.startswith("mtp.") for n in frozen)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run")
+    optimizer = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    trunk = {n: p.detach().clone() for n, p in model.named_parameters() if n in frozen}
+    before = mtp_state(model)
+    ids, pos, labels = batch()
+    for _ in range(2):
+        optimizer.zero_grad(set_to_none=True)
+        model(ids, pos, None, labels=labels).float().mean().backward()
+        optimizer.step()
+    assert [n for n, p in model.named_parameters() if n in trunk and not torch.equal(p, trunk[n])] == []
+    assert [k for k in changed(before, mtp_state(model)) if k.startswith("param:")]
