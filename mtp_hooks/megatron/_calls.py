@@ -19,10 +19,10 @@ record of such a call may vanish under them. The forward hook finds its record b
 dict it shares with the pre-hook, and by the frame when a later pre-hook replaced that dict.
 :func:`copy_gate` makes the gate of a deep-copied model.
 
-Frames are only ever read in the thread that runs them: the hooks name their caller with
-``sys._getframe(1)``, and :func:`prune` walks the calling thread's own stack. A stack another
-thread is running changes under the reader between two bytecodes, and reading ``f_back``
-through one crashed CPython 3.11 (``tests/stress``).
+Frames are only ever read in the thread that runs them: the pre-hook names its caller through
+a generator of its own thread (:func:`start_resumer`), and :func:`prune` walks the calling
+thread's own stack. A stack another thread is running changes under the reader between two
+bytecodes, and reading ``f_back`` through one crashed CPython 3.11 (``tests/stress``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import copy
 import sys
 import threading
 import weakref
+from collections.abc import Generator
 from types import FrameType
 from typing import Any, Final
 
@@ -193,3 +194,26 @@ def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
     if gate.on_copy is not None:
         gate.on_copy(new)
     return new
+
+
+def _resumer() -> Generator[FrameType | None, Any, None]:
+    """Each ``next()`` returns the caller of the function that called ``next()``: while a
+    generator runs, its own frame's ``f_back`` is the frame that resumed it. Unlike
+    ``sys._getframe``, this raises no audit event (in a process that imports ``filelock``, as
+    megatron-core's imports do, every ``sys._getframe`` runs a Python audit hook)."""
+    me = yield None
+    while True:
+        yield me.f_back.f_back
+
+
+def start_resumer(local: threading.local) -> FrameType:
+    """The pre-hook's caller, the slow way; also gives this thread its :func:`_resumer` in
+    ``local.resumer`` (one per thread: a generator runs in one thread at a time). Called on a
+    thread's first gated call, and for a call made while this thread's generator is running
+    (from a signal handler or a trace function), which leaves that generator alone."""
+    if not hasattr(local, "resumer"):
+        resumer = _resumer()
+        next(resumer)
+        resumer.send(resumer.gi_frame)  # type: ignore[attr-defined]
+        local.resumer = resumer
+    return sys._getframe(2)

@@ -179,7 +179,9 @@ def recapture() -> None:
         UnsupportedModelError: The change came while a graph is being captured.
     """
     wrapper = _full_graph_wrapper()
-    captured = [] if wrapper is None else [s for s, g in wrapper.cuda_graph.items() if g is not None]
+    if wrapper is None:
+        return
+    captured = [stage for stage, graph in wrapper.cuda_graph.items() if graph is not None]
     if not captured:
         return
     if capturing():

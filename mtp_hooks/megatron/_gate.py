@@ -7,11 +7,10 @@ config, :mod:`._config_view`, never by changing the shared object). The forward 
 first and with ``always_call=True``, restores both before anything else, also when forward
 raises.
 
-Every call pushes one record (:mod:`._calls`) naming the interpreter frame that runs it, which
-lets the gate repair interrupted calls, tell threads apart and defer removal until running
-calls return. A ``+metrics`` decision also asks :mod:`._recorder` to measure the call's MTP.
-The gates are plain instance attributes (never parameters, buffers or submodules), written with
-``object.__setattr__``, where ``nn.Module.__setattr__`` ends after its isinstance checks.
+Every call pushes one record (:mod:`._calls`) naming the interpreter frame that runs it, so
+the gate can repair interrupted calls, tell threads apart and defer removal until running calls
+return. ``+metrics`` also asks :mod:`._recorder` to measure the call's MTP. The gates are plain
+instance attributes, written with ``object.__setattr__`` (``nn.Module``'s ends in the same).
 
 Both hooks run at every forward, so they are written for speed (docs/benchmarks.md): globals
 bound once, the decision cached per phase, one lock per call unless the call changes a gate.
@@ -33,6 +32,7 @@ from ._gate_state import Entry, GateState
 
 _RUN, _SKIP, _UNTOUCHED, _DETACHED = range(4)  # slots of a phase's counters
 _get_ident = threading.get_ident
+_threads = threading.local()  # each thread's frame-naming generator (_calls.start_resumer)
 _getframe = sys._getframe
 _RESTORE: Final = _calls.RESTORE
 _SETTLE: Final = _calls.SETTLE
@@ -72,16 +72,18 @@ class MTPGate(GateState):
         """Decide for this call and apply it (a native-flag skip sets the flag in ``kwargs``).
 
         Three steps: put back what interrupted calls left (rare), decide without the lock
-        (:meth:`_decide_call`), apply under it (below). ``owner`` is the interpreter frame
-        running the call (torch's, found here when torch calls the hook; auto-attach passes it
-        when it calls the hook itself).
+        (:meth:`_decide_call`), apply under it (below). ``owner``: the interpreter frame running
+        the call (found here when torch calls the hook; auto-attach passes its own).
 
         Raises:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
             MTPHooksError: Another thread runs this model with gates this call must change.
         """
-        if owner is None:
-            owner = _getframe(1)  # torch's frame running this call
+        if owner is None:  # torch's frame running this call, named by this thread's generator
+            try:
+                owner = next(_threads.resumer)
+            except (AttributeError, ValueError):  # the thread's first call; one inside next()
+                owner = _calls.start_resumer(_threads)
         records = self.records
         if records:  # a running call (nesting, another thread) or an interrupted one
             self._repair(module)
@@ -132,8 +134,7 @@ class MTPGate(GateState):
         records: list[_calls.CallRecord],
     ) -> Entry | None:
         """Step 2, without the lock (a plugin may detach, or forward another model): the
-        decision of this call's phase, or ``None`` to leave MTP as it is (an inference call,
-        or MTP turned off by someone else)."""
+        decision of this call's phase, or ``None`` to leave MTP alone (inference, MTP off)."""
         active = self.inference_active
         inference = active is not None and active()
         if kwargs and not inference:
@@ -202,8 +203,7 @@ class MTPGate(GateState):
     def _pop_and_restore(
         self, module: torch.nn.Module, kwargs: dict[str, Any], caller: FrameType
     ) -> _calls.CallRecord | None:
-        """Take this call's record (and those of interrupted calls) and put back what each
-        changed, under the lock."""
+        """Take this call's record and those of interrupted calls; put back what they changed."""
         with self.lock:
             record = _calls.pop_own(self.records, kwargs, caller)
             _calls.prune(self.records, module, caller)

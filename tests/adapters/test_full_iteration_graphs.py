@@ -85,9 +85,7 @@ def change(what: str, model, voter) -> None:
 
 
 @pytest.mark.parametrize("what", ["register", "set_role", "votes_changed", "reload"])
-def test_every_change_a_decision_depends_on_drops_the_captured_graphs(
-    build, captured, voter, what
-):
+def test_every_change_a_decision_depends_on_drops_the_captured_graphs(build, captured, voter, what):
     model = full_graphs(build())
     mtp_hooks.attach(model)
     change(what, model, voter)

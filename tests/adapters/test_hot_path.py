@@ -1,10 +1,11 @@
 """What keeps the per-forward path cheap also keeps every guarantee.
 
-The gate names the interpreter frame running a call once per call, in the pre-hook
-(``sys._getframe`` is an audit event, which processes that import ``transformers`` pay a Python
-audit hook for), finds its record in the forward hook by the kwargs dict torch hands both hooks
-of one call, and removes the record of a call that changed nothing without its lock. Each
-shortcut has a fallback, tested here.
+The gate names the interpreter frame running a call once per call, in the pre-hook, through a
+generator of the calling thread rather than ``sys._getframe`` (an audit event, which processes
+that import ``transformers`` or megatron-core pay a Python audit hook for); it finds its record
+in the forward hook by the kwargs dict torch hands both hooks of one call, and removes the
+record of a call that changed nothing without its lock. Each shortcut has a fallback, tested
+here.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from model_fixtures import native
 
 AUDITED_FORWARDS = textwrap.dedent(
     """
-    import sys, warnings
+    import sys, threading, warnings
     warnings.simplefilter("ignore")
     import torch, mtp_hooks
     from mtp_hooks.demo import tiny_models
@@ -45,23 +46,30 @@ AUDITED_FORWARDS = textwrap.dedent(
             model(ids, pos, None, labels=ids)
         return len(events)
 
+    def count_in_thread(policy):
+        counted = []
+        thread = threading.Thread(target=lambda: counted.append(count(policy)))
+        thread.start()
+        thread.join()
+        return counted[0]
+
     bare = count(None)
     mtp_hooks.attach(model)
-    print(bare, count("train=run"), count("train=skip"))
+    print(bare, count("train=run"), count("train=skip"), count_in_thread("train=skip"))
     torch.distributed.destroy_process_group()
     """
 )
 
 
-def test_a_gated_forward_looks_its_frame_up_once():
+def test_a_gated_forward_raises_no_frame_audit_event_after_its_threads_first_call():
     done = subprocess.run(
         [sys.executable, "-c", AUDITED_FORWARDS], capture_output=True, text=True, timeout=300
     )
     # judged by what it printed: gloo's threads have aborted the interpreter's exit (0.16)
-    counts = done.stdout.split()[-3:]
-    assert len(counts) == 3 and all(c.isdigit() for c in counts), done.stderr[-3000:]
-    bare, run, skip = map(int, counts)
-    assert run == bare + 5 and skip == bare + 5  # five forwards, one lookup each
+    counts = done.stdout.split()[-4:]
+    assert len(counts) == 4 and all(c.isdigit() for c in counts), done.stderr[-3000:]
+    bare, run, skip, threaded = map(int, counts)
+    assert run == skip == threaded == bare  # megatron's own lookups, none of the gate's
 
 
 def test_a_later_pre_hook_that_replaces_kwargs_still_gets_the_gates_restored(build, batch):
@@ -138,4 +146,30 @@ def test_a_forward_that_raises_restores_through_the_kwargs_match(build, batch):
         model(*batch.args(), labels=batch.labels)
     hook.remove()
     assert model.mtp_process is True and model.config is shared
+    assert handle.gates[0].records == []
+
+
+def test_a_forward_started_while_its_threads_frame_generator_runs_names_its_frame_the_slow_way(
+    build, batch
+):
+    from mtp_hooks.megatron import _calls
+
+    model = build()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    model(*batch.args(), labels=batch.labels)  # this thread's generator exists now
+    nested = []
+
+    def tracer(frame, event, arg):  # runs inside the generator's resumption
+        if frame.f_code is _calls._resumer.__code__ and not nested:
+            nested.append(model(*batch.args(), labels=batch.labels))
+        return None
+
+    sys.settrace(tracer)
+    try:
+        model(*batch.args(), labels=batch.labels)
+    finally:
+        sys.settrace(None)
+    assert len(nested) == 1
+    assert handle.stats() == {"train": {"skip": 3}} and model.mtp_process is True
     assert handle.gates[0].records == []

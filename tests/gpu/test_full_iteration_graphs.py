@@ -49,8 +49,9 @@ def run(graphs: bool) -> dict:
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("train=run,eval=skip")
     g = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(0, VOCAB, (STEPS + VALIDATION, MICROBATCHES, MBS, SEQ), device="cuda",
-                        generator=g)
+    ids = torch.randint(
+        0, VOCAB, (STEPS + VALIDATION, MICROBATCHES, MBS, SEQ), device="cuda", generator=g
+    )
     pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(MBS, -1)
 
     def forward_step(data_iterator, model):
