@@ -31,3 +31,12 @@ def point_cuda_current_device_at_cpu() -> None:
     import torch
 
     torch.cuda.current_device = lambda: torch.device("cpu")
+
+
+def keep_cuda_copies_on_cpu() -> None:
+    """With PP > 1 and MTP, megatron moves the embedding weight it all-reduces between the
+    embedding stages to CUDA while building the model (``weight.data.cuda()``,
+    language_module.py); in a CPU test process the copy stays on the CPU."""
+    import torch
+
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]

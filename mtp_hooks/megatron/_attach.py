@@ -191,7 +191,7 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
     if role is not None:
         _roles.check_role(role, "mtp_hooks.attach")
     # Build every gate (which validates the config) before changing anything on the models.
-    gated = [m for m in models if capabilities.has_mtp(m)]
+    gated = [m for m in models if capabilities.gated(m)]
     gates = [gate_cls(m, distributed.DDPState(m, wrappers), verify) for m in gated]
     for gate, m in zip(gates, gated, strict=True):  # what the model's mode cannot follow
         gate.check_policy(m, role if role is not None else _roles.role_of(m))

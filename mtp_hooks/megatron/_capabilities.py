@@ -66,10 +66,42 @@ def inference_arguments(cls: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
 
 def tied_mtp_stage(model: Any) -> bool:
     """An MTP pipeline stage without ``pre_process`` whose output layer ties to the embedding:
-    there, turning ``mtp_process`` off switches the logits to another weight."""
-    return not getattr(model, "pre_process", True) and bool(
-        getattr(model, "share_embeddings_and_output_weights", False)
+    there, turning ``mtp_process`` off switches the logits to another weight. (A standalone MTP
+    stage has no output layer.)"""
+    return (
+        not getattr(model, "pre_process", True)
+        and getattr(model, "post_process", True)
+        and bool(getattr(model, "share_embeddings_and_output_weights", False))
     )
+
+
+def standalone_loss_stage(model: Any) -> bool:
+    """The stage that computes the losses of a layout whose MTP has a stage of its own
+    (``config.mtp_standalone``): it has the output layer and ``mtp_num_layers``, no MTP block,
+    and computes the MTP losses from the depths the MTP stage sends along."""
+    config = getattr(model, "config", None)
+    return (
+        bool(getattr(config, "mtp_standalone", False))
+        and bool(getattr(config, "mtp_num_layers", None))
+        and bool(getattr(model, "post_process", False))
+        and not getattr(model, "mtp_process", False)
+    )
+
+
+def gated(model: Any) -> bool:
+    """Whether a gate goes on this rank's model: it runs MTP, or computes a standalone MTP
+    stage's losses."""
+    return has_mtp(model) or standalone_loss_stage(model)
+
+
+@functools.lru_cache(maxsize=64)
+def labels_position(cls: Any) -> int | None:
+    """The positional index (after ``self``) of ``labels`` in ``cls.forward``, if it has one."""
+    params = list(inspect.signature(cls.forward).parameters.values())[1:]
+    for i, p in enumerate(params):
+        if p.name == "labels" and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            return i
+    return None
 
 
 @functools.lru_cache(maxsize=1)

@@ -27,7 +27,10 @@ if TYPE_CHECKING:
 
 
 def mtp_only_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
-    """``mtp.*`` parameters, plus the embedding copy on an MTP stage without ``pre_process``."""
+    """``mtp.*`` parameters, plus the embedding copy on an MTP stage without ``pre_process``
+    (none on a stage without an MTP block, such as a standalone MTP stage's loss stage)."""
+    if getattr(model, "mtp", None) is None:
+        return []
     params = [(f"mtp.{n}", p) for n, p in model.mtp.named_parameters()]
     if not getattr(model, "pre_process", True) and hasattr(model, "embedding"):
         params += [(f"embedding.{n}", p) for n, p in model.embedding.named_parameters()]

@@ -154,8 +154,8 @@ class MTPGate(GateState):
             mtp_process, config = self.base
         else:
             mtp_process, config = module.mtp_process, module.config
-        if not (mtp_process and config.mtp_num_layers):
-            return None
+        if not (mtp_process and config.mtp_num_layers):  # MTP is off, or on another stage
+            return self._follow_mtp_stage(module, args, kwargs) if self.loss_stage else None
         phase = _explicit_phase()
         if phase is None:
             phase = _TRAIN if module.training and _grad_enabled() else _EVAL

@@ -16,9 +16,9 @@ from typing import Any, NamedTuple, cast
 
 import torch
 
-from .. import _decision, _roles, _runtime, _sources
+from .. import _decision, _phases, _roles, _runtime, _sources
 from ..plugins import _registry
-from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _refusals
+from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _refusals, _standalone
 from ._config_view import Changes, Views
 
 
@@ -57,9 +57,13 @@ class GateState:
         self.verify = verify
         self.ddp = ddp
         self.base: tuple[Any, Any] = (model.mtp_process, model.config)
-        _refusals.refuse_unsupported_config(model.config)
         graphs = _cuda_graphs.implementation(model.config)
-        self.local_graphs = graphs == "local" and _cuda_graphs.mtp_layers_graphed(model)
+        self.loss_stage = _capabilities.standalone_loss_stage(model)  # follows the MTP stage
+        self.standalone = bool(getattr(model.config, "mtp_standalone", False))
+        self.labels_at = _capabilities.labels_position(self.cls)
+        self.local_graphs = (
+            graphs == "local" and not self.loss_stage and _cuda_graphs.mtp_layers_graphed(model)
+        )
         self.full_graphs = graphs == "full_iteration"
         if self.full_graphs:
             _cuda_graphs.refuse_unfollowable_full_graphs()
@@ -173,6 +177,24 @@ class GateState:
             _refusals.check_ep_overlap_policy(module, role)
         if self.detach_refusal is not None:
             _refusals.check_detach_policy(role, self.detach_refusal)
+        if self.standalone:
+            _refusals.check_standalone_policy(role)
+
+    def _follow_mtp_stage(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Entry:
+        """The entry of a loss stage of a standalone-MTP layout: its phase's decision, with run
+        or skip taken from what the MTP stage did for this microbatch (:mod:`._standalone`)."""
+        phase = _phases.explicit_phase.get()
+        if phase is None:
+            train = module.training and torch.is_grad_enabled()
+            phase = _phases.Phase.TRAIN if train else _phases.Phase.EVAL
+        entry = self._decide(module, phase)
+        ran = _standalone.mtp_ran(module, args, kwargs, self.labels_at)
+        if entry.run == ran:
+            return entry
+        # the MTP stage's decision was other than this stage's: do what it did, plainly
+        return entry._replace(run=ran, loss_scale=None, metrics=False, detach=False, changes=None)
 
     # -- helpers -------------------------------------------------------------------------------
     def _counters(self, phase: Any) -> list[int]:

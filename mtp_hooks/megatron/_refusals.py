@@ -10,17 +10,6 @@ from typing import Any
 from .._errors import UnsupportedModelError
 
 
-def refuse_unsupported_config(config: Any) -> None:
-    """Refuse, at attach time, layouts a gate cannot follow."""
-    if getattr(config, "mtp_standalone", False):
-        raise UnsupportedModelError(
-            "mtp_hooks.attach: this pipeline layout puts MTP on a standalone stage "
-            "(config.mtp_standalone=True), where the MTP stage and the loss stage would have to "
-            "reach the same decision for every microbatch independently. It is not supported; "
-            "place MTP on the last pipeline stage (the default layout) to use mtp-hooks."
-        )
-
-
 def refuse_tied_stage_skip() -> None:
     """A skip on an MTP pipeline stage with tied embeddings and no native flag."""
     raise UnsupportedModelError(
@@ -89,6 +78,23 @@ def detach_refusal(config: Any, graphs: str | None) -> str | None:
             "mtp_detach_heads=True to detach in every forward, or set cuda_graph_impl='none'"
         )
     return None
+
+
+def check_standalone_policy(role: str | None) -> None:
+    """Refuse ``+metrics`` in a layout whose MTP has a stage of its own: the MTP stage has no
+    output layer to measure with, and the loss stage no MTP block to hook."""
+    from .. import _phases, _sources
+
+    for name in _phases.known_phases():
+        entry = _sources.lookup(role, name)
+        if entry is not None and entry.metrics:
+            raise UnsupportedModelError(
+                f"mtp_hooks: the policy config records MTP metrics in {name} (+metrics), but "
+                "this pipeline layout puts MTP on a stage of its own (config.mtp_standalone): "
+                "the MTP stage has no output layer to measure the depths with, and the stage "
+                "that computes the losses has no MTP block to hook. Drop '+metrics' there; "
+                "megatron logs the training MTP loss itself ('mtp_1 loss')."
+            )
 
 
 def check_detach_policy(role: str | None, refusal: str) -> None:

@@ -136,21 +136,14 @@ def test_a_compiled_model_is_refused(build):
         mtp_hooks.attach(torch.compile(model))
 
 
-@pytest.mark.parametrize(
-    ("field", "value", "message"),
-    [
-        ("mtp_standalone", True, "standalone stage"),
-    ],
-)
-def test_a_mode_that_bypasses_forward_hooks_is_refused_at_attach(
-    build, voter, field, value, message
-):
-    model = build()
+def test_metrics_in_a_layout_with_a_standalone_mtp_stage_are_refused_at_attach(build):
+    model = build()  # as the MTP stage (tests/distributed/test_standalone_mtp_stage.py: both)
     model.config = config = copy.copy(model.config)
-    setattr(config, field, value)
-    with pytest.raises(mtp_hooks.UnsupportedModelError, match=message) as info:
+    config.mtp_standalone = True
+    mtp_hooks.configure("train=run,eval=run+metrics")
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as info:
         mtp_hooks.attach(model, role="student")
-    assert field in str(info.value)
+    assert "mtp_standalone" in str(info.value) and "in eval (+metrics)" in str(info.value)
     assert model.config is config and mtp_hooks.role_of(model) is None
     assert not model._forward_pre_hooks
 

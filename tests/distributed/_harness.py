@@ -20,26 +20,36 @@ from pathlib import Path
 
 from mtp_hooks.demo import tiny_models
 
-from cpu_stand_ins import install_cpu_memory_buffer, point_cuda_current_device_at_cpu
+from cpu_stand_ins import (
+    install_cpu_memory_buffer,
+    keep_cuda_copies_on_cpu,
+    point_cuda_current_device_at_cpu,
+)
 
 
-def init_rank(rank: int, world: int, port: int, tp: int) -> None:
+def init_rank(rank: int, world: int, port: int, tp: int, pp: int = 1) -> None:
     import torch
     from megatron.core import parallel_state, tensor_parallel
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
-    parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp)
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+    )
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     install_cpu_memory_buffer()
     point_cuda_current_device_at_cpu()
+    if pp > 1:
+        keep_cuda_copies_on_cpu()
 
 
-def _entry(scenario: Callable[[int], dict], rank: int, world: int, port: int, tp: int, out: str):
+def _entry(
+    scenario: Callable[[int], dict], rank: int, world: int, port: int, tp: int, pp: int, out: str
+):
     result: dict
     try:
-        init_rank(rank, world, port, tp)
+        init_rank(rank, world, port, tp, pp)
         result = {"ok": True, **scenario(rank)}
     except BaseException as exc:  # reported to the parent test, never swallowed
         result = {
@@ -58,13 +68,19 @@ def _entry(scenario: Callable[[int], dict], rank: int, world: int, port: int, tp
 
 
 def run_ranks(
-    scenario: Callable[[int], dict], world: int, tp: int, tmp: Path, timeout: float = 120
+    scenario: Callable[[int], dict],
+    world: int,
+    tp: int,
+    tmp: Path,
+    timeout: float = 120,
+    pp: int = 1,
 ) -> list[dict]:
-    """Run ``scenario(rank)`` on ``world`` gloo ranks; return each rank's result dict."""
+    """Run ``scenario(rank)`` on ``world`` gloo ranks (``tp`` × ``pp``); return each rank's
+    result dict."""
     ctx = mp.get_context("spawn")
     port = tiny_models.free_port()
     procs = [
-        ctx.Process(target=_entry, args=(scenario, r, world, port, tp, str(tmp)))
+        ctx.Process(target=_entry, args=(scenario, r, world, port, tp, pp, str(tmp)))
         for r in range(world)
     ]
     for p in procs:
