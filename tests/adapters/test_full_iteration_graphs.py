@@ -4,7 +4,7 @@ megatron captures the whole forward-backward of a training iteration and of an `
 iteration after ``cuda_graph_warmup_steps`` eager ones, and replays them without running any
 hook. The graphs need CUDA; the gate reads the config, and megatron's ``FullCudaGraphWrapper``
 keeps what it captured in class attributes, which a test can set to stand for a capture.
-tests/gpu/test_full_iteration_graphs.py captures for real.
+tests/gpu/test_full_iteration_capture.py captures for real.
 """
 
 from __future__ import annotations
