@@ -78,6 +78,7 @@ def test_turning_auto_attach_off_stops_watching(build, batch, count_mtp):
 
 def test_an_unsupported_model_names_auto_attach_in_its_error(auto, build, batch):
     model = build()
-    model.config.mtp_standalone = True  # refused at attach time
+    model.config.mtp_standalone = True  # with +metrics: refused at attach time
+    mtp_hooks.configure("eval=run+metrics")
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="MTP_HOOKS_AUTO"):
         model(*batch.args(), labels=batch.labels)
