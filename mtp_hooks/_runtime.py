@@ -64,14 +64,19 @@ current = Runtime()
 def advance() -> None:
     """Invalidate every cached decision, and tell the listeners."""
     current.generation += 1
-    if current.listeners:
-        for listener in list(current.listeners):
-            listener.after_advance()
+    _tell_listeners()
 
 
 def replace() -> None:
     """Start over with a fresh :class:`Runtime` (:func:`mtp_hooks.reset`). The counter keeps
     counting, so no decision a gate cached before can pass for a new one; the listeners, which
-    belong to attached models rather than to the policy, stay."""
+    belong to attached models rather than to the policy, stay, and are told."""
     global current
     current = Runtime(current.generation + 1, current.listeners)
+    _tell_listeners()
+
+
+def _tell_listeners() -> None:
+    if current.listeners:
+        for listener in list(current.listeners):
+            listener.after_advance()
