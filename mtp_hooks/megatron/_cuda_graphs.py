@@ -33,6 +33,7 @@ import torch
 
 from .. import _decision, _phases
 from .._errors import UnsupportedModelError
+from ..plugins import _registry
 
 logger = logging.getLogger("mtp_hooks")
 GRAPHED_PHASES = (_phases.Phase.TRAIN, _phases.Phase.EVAL)
@@ -133,14 +134,16 @@ def refuse_unfollowable_full_graphs() -> None:
         )
 
 
-def check_full_iteration_policy(model: Any, role: str | None, cached_votes: bool) -> None:
+def check_full_iteration_policy(model: Any, role: str | None) -> None:
     """Refuse what full-iteration replays cannot follow in training and evaluation: ``+metrics``,
-    a vote of a plugin asked at every forward, a loss weight from a plugin. ``cached_votes``:
-    every voting plugin is a ``cacheable_vote``, whose changes reach :func:`recapture`.
+    a vote of a plugin asked at every forward, a loss weight from a plugin (a ``cacheable_vote``
+    changes only through :func:`mtp_hooks.framework.votes_changed`, which reaches
+    :func:`recapture`).
 
     Raises:
         UnsupportedModelError: Names the phase, what cannot be followed and the fix.
     """
+    cached_votes = _registry().votes_cacheable()
     for phase in GRAPHED_PHASES:
         decision = _decision.decide_normalized(model, phase, role)[0]
         voters = [name for name, vote in decision.votes.items() if vote is not None]

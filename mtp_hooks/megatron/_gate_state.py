@@ -17,7 +17,6 @@ from typing import Any, NamedTuple, cast
 import torch
 
 from .. import _decision, _phases, _roles, _runtime, _sources
-from ..plugins import _registry
 from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _refusals, _standalone
 from ._config_view import Changes, Views
 
@@ -171,8 +170,7 @@ class GateState:
         if self.local_graphs:
             _cuda_graphs.check_policy(module, role)
         if self.full_graphs:
-            cached = _registry().votes_cacheable()
-            _cuda_graphs.check_full_iteration_policy(module, role, cached)
+            _cuda_graphs.check_full_iteration_policy(module, role)
         if self.ep_overlap:
             _refusals.check_ep_overlap_policy(module, role)
         if self.detach_refusal is not None:

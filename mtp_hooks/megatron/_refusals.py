@@ -80,32 +80,35 @@ def detach_refusal(config: Any, graphs: str | None) -> str | None:
     return None
 
 
+def _configured_with(role: str | None, option: str) -> list[str]:
+    """The phases whose policy config entry for ``role`` sets ``option`` (metrics, detach)."""
+    from .. import _phases, _sources
+
+    return [
+        name
+        for name in _phases.known_phases()
+        if getattr(_sources.lookup(role, name), option, None)
+    ]
+
+
 def check_standalone_policy(role: str | None) -> None:
     """Refuse ``+metrics`` in a layout whose MTP has a stage of its own: the MTP stage has no
     output layer to measure with, and the loss stage no MTP block to hook."""
-    from .. import _phases, _sources
-
-    for name in _phases.known_phases():
-        entry = _sources.lookup(role, name)
-        if entry is not None and entry.metrics:
-            raise UnsupportedModelError(
-                f"mtp_hooks: the policy config records MTP metrics in {name} (+metrics), but "
-                "this pipeline layout puts MTP on a stage of its own (config.mtp_standalone): "
-                "the MTP stage has no output layer to measure the depths with, and the stage "
-                "that computes the losses has no MTP block to hook. Drop '+metrics' there; "
-                "megatron logs the training MTP loss itself ('mtp_1 loss')."
-            )
+    for name in _configured_with(role, "metrics"):
+        raise UnsupportedModelError(
+            f"mtp_hooks: the policy config records MTP metrics in {name} (+metrics), but "
+            "this pipeline layout puts MTP on a stage of its own (config.mtp_standalone): "
+            "the MTP stage has no output layer to measure the depths with, and the stage "
+            "that computes the losses has no MTP block to hook. Drop '+metrics' there; "
+            "megatron logs the training MTP loss itself ('mtp_1 loss')."
+        )
 
 
 def check_detach_policy(role: str | None, refusal: str) -> None:
     """Refuse now a policy config that detaches MTP in some phase of a model that cannot.
     Reads the config only: a plugin's answer is checked when it is given, before the forward."""
-    from .. import _phases, _sources
-
-    for name in _phases.known_phases():
-        entry = _sources.lookup(role, name)
-        if entry is not None and entry.detach:
-            refuse_detach(name, "the policy config", refusal)
+    for name in _configured_with(role, "detach"):
+        refuse_detach(name, "the policy config", refusal)
 
 
 def refuse_detach(phase: str, by: str | None, refusal: str) -> None:
