@@ -135,6 +135,9 @@ def plot(results: list[dict], path: str) -> None:
             f"{result['mtp_model_params'] / 1e9:.2f}B, {result['gpu']}"
         )
         ax.legend()
-    fig.suptitle("(a) MTP, no hooks (b) run (c) skip (d) built without MTP (e) run, eval +metrics")
+    fig.suptitle(
+        "(a) MTP, no hooks (b) run (c) skip (d) built without MTP (e) run, eval +metrics"
+        " (f) train run+detach"
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -13,7 +13,9 @@
 # timers' barriers off and no NaN check). A graphs variant may
 # name megatron's capture regions after a +: te-graphs-te+attn+mlp adds
 # --cuda-graph-modules attn mlp. EXTRA_FLAGS (a string) is added to every run, e.g.
-# EXTRA_FLAGS="--hidden-dropout 0 --attention-dropout 0".
+# EXTRA_FLAGS="--hidden-dropout 0 --attention-dropout 0". RUNS (default "default eval-skip
+# third") picks which of each variant's three runs to make; "third" is train-skip, or for
+# te-graphs-local the refused train-skip-eval-run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 # The megatron-core wheel ships the compiled dataset helper but not the Makefile that
@@ -59,9 +61,12 @@ run() {  # $1 variant, $2 label, rest: env assignments
         sed 's/ .*//; s/^/hash of every logged loss: /'
     grep -E "UnsupportedModelError|Error|error:" "$log" | tail -n 5
 }
+wanted() { [[ " ${RUNS:-default eval-skip third} " == *" $1 "* ]]; }
 for variant in "${@:-local}"; do
-    run "$variant" default MTP_HOOKS_AUTO=0
-    run "$variant" eval-skip MTP_HOOKS_AUTO=1 MTP_HOOKS_TRACE=1 "MTP_HOOKS_POLICY=train=run,eval=skip"
+    wanted default && run "$variant" default MTP_HOOKS_AUTO=0
+    wanted eval-skip &&
+        run "$variant" eval-skip MTP_HOOKS_AUTO=1 MTP_HOOKS_TRACE=1 "MTP_HOOKS_POLICY=train=run,eval=skip"
+    wanted third || continue
     case ${variant%%+*} in
         te-graphs-local)  # refused at the first training forward, before any step
             run "$variant" train-skip-eval-run MTP_HOOKS_AUTO=1 "MTP_HOOKS_POLICY=train=skip,eval=run" ;;
