@@ -1,15 +1,21 @@
-"""GPU benchmark: what an attached handle whose policy says *run* costs, against no hooks.
+"""GPU benchmark: one of ``gpu_mtp.py``'s two claims at a time, beside a control.
 
-Run on one GPU: ``python benchmarks/gpu_hooks_ab.py --model gpt|hybrid [--spec local|te]
-[--fp8 delayed|tensorwise] [--rounds 150] [--out DIR]`` (model sizes as ``gpu_mtp.py``).
+Run on one GPU: ``python benchmarks/gpu_hooks_ab.py --model gpt|hybrid [--pair run|skip]
+[--spec local|te] [--fp8 delayed|tensorwise] [--rounds 150] [--out DIR]`` (model sizes as
+``gpu_mtp.py``).
 
 ``gpu_mtp.py`` measures six cases in turn, so two of its cases stand a whole iteration of other
 work apart; with Transformer Engine steps of 50-150 ms, the machine's jitter between them is
-larger than the 0.5% that this claim is about. This benchmark measures one MTP model alone, in
-three cases per round, in an order that rotates every round:
+larger than the 0.5% and 1% that its claims are about. This benchmark measures three cases per
+round, in an order that rotates every round:
 
-* ``a``: no hooks; ``b``: ``mtp_hooks.attach`` with ``train=run,rollout=run,eval=run``;
-* ``a2``: no hooks again, the control: ``a2/a`` shows how far two identical cases read apart.
+* ``--pair run`` (the default): ``a``, the MTP model with no hooks; ``b``, the same model with
+  ``mtp_hooks.attach`` and ``train=run,rollout=run,eval=run``; ``a2``, ``a`` again.
+* ``--pair skip``: ``d``, the same architecture built without MTP; ``c``, the MTP model with
+  every phase ``skip``; ``d2``, ``d`` again.
+
+The third case is the control: ``a2/a`` (or ``d2/d``) shows how far two identical cases read
+apart on this machine, which is the resolution of the claim's ratio.
 
 Each case runs a train step (forward + backward), a forward-only log-prob pass (``no_grad``,
 phase ``rollout``) and an eval forward (``eval()``, ``no_grad``, labels). A ratio is the median
@@ -33,8 +39,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_mtp import build, timed  # noqa: E402
 from gpu_mtp_report import TIMINGS  # noqa: E402
 
-CASES = ("a", "b", "a2")
-RATIOS = (("b", "a"), ("a2", "a"))
+PAIRS = {  # the cases of each pair: baseline, measured, control (the baseline again)
+    "run": ("a", "b", "a2"),
+    "skip": ("d", "c", "d2"),
+}
+LABELS = {
+    "b/a": "(b)/(a) hooks run vs no hooks",
+    "a2/a": "(a2)/(a) control: no hooks twice",
+    "c/d": "(c)/(d) skip vs built without MTP",
+    "d2/d": "(d2)/(d) control: built without MTP twice",
+}
 
 
 def interval(ratios: list[float], resamples: int = 2000) -> tuple[float, float]:
@@ -56,16 +70,21 @@ def run(args) -> dict:
         warnings.simplefilter("ignore")
         tiny_models.init_single_process()
         tiny_models.reset_mtp_loss_tracker(device=args.device)
-        model = build(args.model, True, args)
+        mtp = build(args.model, True, args)
+        plain = build(args.model, False, args) if args.pair == "skip" else None
+    baseline, measured_case, control = cases = PAIRS[args.pair]
+    policy = "run" if args.pair == "run" else "skip"
     os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     ids = torch.randint(0, args.vocab, (1, args.seq), device=args.device)
     pos = torch.arange(args.seq, device=args.device).unsqueeze(0)
     labels = torch.roll(ids, -1, dims=1)
 
-    def once(hooked: bool) -> tuple[float, float, float]:
+    def once(case: str) -> tuple[float, float, float]:
+        hooked = case == measured_case
+        model = plain if case != measured_case and args.pair == "skip" else mtp
         handle = mtp_hooks.attach(model) if hooked else None
         if handle is not None:
-            mtp_hooks.configure("train=run,rollout=run,eval=run")
+            mtp_hooks.configure(f"train={policy},rollout={policy},eval={policy}")
         try:
             model.train()
             model.zero_grad(set_to_none=True)
@@ -81,18 +100,18 @@ def run(args) -> dict:
                 handle.remove()
         return train, fwd, ev
 
-    times: dict[str, dict[str, list[float]]] = {c: {t: [] for t in TIMINGS} for c in CASES}
+    times: dict[str, dict[str, list[float]]] = {c: {t: [] for t in TIMINGS} for c in cases}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for r in range(args.warmup + args.rounds):
-            shift = r % len(CASES)
-            for case in CASES[shift:] + CASES[:shift]:
-                measured = once(hooked=case == "b")
+            shift = r % len(cases)
+            for case in cases[shift:] + cases[:shift]:
+                measured = once(case)
                 if r >= args.warmup:
                     for t, value in zip(TIMINGS, measured, strict=True):
                         times[case][t].append(value)
     ratios = {}
-    for x, y in RATIOS:
+    for x, y in ((measured_case, baseline), (control, baseline)):
         ratios[f"{x}/{y}"] = {}
         for t in TIMINGS:
             within = [p / q for p, q in zip(times[x][t], times[y][t], strict=True)]
@@ -103,18 +122,18 @@ def run(args) -> dict:
         "model": args.model,
         "spec": args.spec,
         "fp8": args.fp8,
+        "pair": args.pair,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
         "megatron_core": importlib.metadata.version("megatron-core"),
         "rounds": args.rounds,
         "warmup": args.warmup,
-        "medians_ms": {c: {t: statistics.median(v) for t, v in times[c].items()} for c in CASES},
+        "medians_ms": {c: {t: statistics.median(v) for t, v in times[c].items()} for c in cases},
         "ratios": ratios,
     }
 
 
 def table(result: dict) -> str:
-    label = {"b/a": "(b)/(a) hooks run vs no hooks", "a2/a": "(a2)/(a) control: no hooks twice"}
     lines = [
         f"**{result['model']}**, {result['spec']} spec, {result['fp8'] or 'bf16'}, "
         f"{result['gpu']}, median of {result['rounds']} rounds (95% interval)",
@@ -124,13 +143,14 @@ def table(result: dict) -> str:
     ]
     for name, per in result["ratios"].items():
         cells = [f"{v['median']:.4f} ({v['low']:.4f}-{v['high']:.4f})" for v in per.values()]
-        lines.append(f"| {label[name]} | " + " | ".join(cells) + " |")
+        lines.append(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", choices=["gpt", "hybrid"], default="gpt")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="run")
     parser.add_argument("--spec", choices=["local", "te"], default="local")
     parser.add_argument("--fp8", choices=["delayed", "tensorwise"], default=None)
     parser.add_argument("--hidden", type=int, default=4096)
@@ -149,7 +169,8 @@ def main() -> None:
     print(table(result))
     if args.out:
         os.makedirs(args.out, exist_ok=True)
-        name = f"gpu_hooks_ab_{result['model']}_{result['spec']}_{result['fp8'] or 'bf16'}.json"
+        suffix = "" if args.pair == "run" else f"_{args.pair}"
+        name = f"gpu_hooks_ab_{args.model}_{args.spec}_{args.fp8 or 'bf16'}{suffix}.json"
         with open(os.path.join(args.out, name), "w") as fh:
             json.dump(result, fh, indent=2)
 
