@@ -8,11 +8,12 @@ contexts are passed, the tied-embedding hazard, CUDA graphs), the record of runn
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 import torch
 
@@ -21,8 +22,12 @@ from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _ref
 from ._config_view import Changes, Views
 
 
-class Entry(NamedTuple):
-    """A phase's cached decision, as the hooks read it."""
+@dataclasses.dataclass(slots=True)
+class Entry:
+    """A phase's cached decision, as the hooks read it. Never changed once made (entries are
+    shared by every call of the phase); slots, not a frozen class or a named tuple, because
+    the hooks read five fields per call and a frozen class costs five times as much to build,
+    once per forward for plugins asked at every forward (docs/benchmarks.md)."""
 
     phase: Any
     """The phase it decides."""
@@ -192,7 +197,9 @@ class GateState:
         if entry.run == ran:
             return entry
         # the MTP stage's decision was other than this stage's: do what it did, plainly
-        return entry._replace(run=ran, loss_scale=None, metrics=False, detach=False, changes=None)
+        return dataclasses.replace(
+            entry, run=ran, loss_scale=None, metrics=False, detach=False, changes=None
+        )
 
     # -- helpers -------------------------------------------------------------------------------
     def _counters(self, phase: Any) -> list[int]:
