@@ -14,10 +14,14 @@ use_transformer_engine=True)``, and the TE-based ``hybrid_stack_spec`` with the 
 * ``freeze_mtp``, ``freeze_trunk``, ``eval=run+metrics`` and ``run:W`` work on TE modules.
 * ``train=run+detach`` leaves the trunk, embedding and output-layer gradients of a skipped
   forward bit for bit, in bf16 and FP8 ``tensorwise``, while the MTP weights get gradients.
+* A skip launches exactly the CUDA kernels of the trunk built without MTP, and hooks that say
+  *run* exactly those of the model without hooks (counted with torch's profiler): what the
+  timings of ``benchmarks/gpu_mtp.py`` compare, without their jitter.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import os
 
@@ -154,6 +158,64 @@ def test_a_skip_is_bit_identical_to_the_trunk_built_without_mtp(kind):
         else:
             assert torch.equal(param.grad, grads[name].grad), name
     assert ran.n == 0 and handle.stats()["train"] == {"skip": 1}
+
+
+def kernels(step) -> collections.Counter[str]:
+    """The CUDA kernels ``step()`` launches, by name, counted after one warm-up call."""
+    step()
+    torch.cuda.synchronize()
+    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+    with torch.profiler.profile(activities=activities) as prof:
+        step()
+        torch.cuda.synchronize()
+    cuda = torch.autograd.DeviceType.CUDA
+    return collections.Counter(e.name for e in prof.events() if e.device_type == cuda)
+
+
+def te_steps(model):
+    """A train step, a log-prob forward and an eval forward of ``model``."""
+    ids, pos, labels = batch()
+
+    def train():
+        model.train()
+        model.zero_grad(set_to_none=True)
+        model(ids, pos, None, labels=labels).float().mean().backward()
+
+    def rollout():
+        model.eval()
+        with torch.no_grad(), mtp_hooks.phase("rollout"):
+            model(ids, pos, None)
+
+    def evaluate():
+        model.eval()
+        with torch.no_grad():
+            model(ids, pos, None, labels=labels)
+
+    return {"train": train, "rollout": rollout, "eval": evaluate}
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
+def test_a_skip_launches_exactly_the_kernels_of_the_trunk_built_without_mtp(kind, recipe):
+    model = build(kind, recipe=recipe)
+    plain = build(kind, mtp=False, recipe=recipe)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip,rollout=skip,eval=skip")
+    for name, step in te_steps(model).items():
+        skipped, built = kernels(step), kernels(te_steps(plain)[name])
+        print(name, sum(skipped.values()), "kernels")
+        assert sum(skipped.values()) > 20, name
+        assert skipped == built, (name, skipped - built, built - skipped)
+
+
+@pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
+def test_hooks_that_say_run_launch_exactly_the_kernels_of_the_model_without_hooks(kind, recipe):
+    model = build(kind, recipe=recipe)
+    bare = {name: kernels(step) for name, step in te_steps(model).items()}
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run,rollout=run,eval=run")
+    for name, step in te_steps(model).items():
+        hooked = kernels(step)
+        assert hooked == bare[name], (name, hooked - bare[name], bare[name] - hooked)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
