@@ -36,7 +36,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_mtp import build, timed  # noqa: E402
+from gpu_mtp import add_model_arguments, build_models, timed  # noqa: E402
 from gpu_mtp_report import TIMINGS  # noqa: E402
 
 PAIRS = {  # the cases of each pair: baseline, measured, control (the baseline again)
@@ -64,17 +64,13 @@ def run(args) -> dict:
     import torch
 
     import mtp_hooks
-    from mtp_hooks.demo import tiny_models
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        tiny_models.init_single_process()
-        tiny_models.reset_mtp_loss_tracker(device=args.device)
-        mtp = build(args.model, True, args)
-        plain = build(args.model, False, args) if args.pair == "skip" else None
+    if args.pair == "skip":
+        mtp, plain = build_models(args, True, False)
+    else:
+        (mtp,), plain = build_models(args, True), None
     baseline, measured_case, control = cases = PAIRS[args.pair]
     policy = "run" if args.pair == "run" else "skip"
-    os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     ids = torch.randint(0, args.vocab, (1, args.seq), device=args.device)
     pos = torch.arange(args.seq, device=args.device).unsqueeze(0)
     labels = torch.roll(ids, -1, dims=1)
@@ -149,21 +145,12 @@ def table(result: dict) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=["gpt", "hybrid"], default="gpt")
+    add_model_arguments(parser)
     parser.add_argument("--pair", choices=sorted(PAIRS), default="run")
-    parser.add_argument("--spec", choices=["local", "te"], default="local")
-    parser.add_argument("--fp8", choices=["delayed", "tensorwise"], default=None)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--ffn", type=int, default=14336)
-    parser.add_argument("--vocab", type=int, default=131072)
-    parser.add_argument("--seq", type=int, default=4096)
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=5)
-    parser.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run")
     parser.add_argument("--out", default=None, help="folder for the results JSON")
     args = parser.parse_args()
-    args.attention = "local" if args.device == "cuda" else "sdpa"
     result = run(args)
     print(json.dumps(result))
     print(table(result))

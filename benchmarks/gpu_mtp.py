@@ -88,19 +88,40 @@ def timed(fn) -> tuple[float, float]:
     return ms, (torch.cuda.max_memory_allocated() - base) / 2**30
 
 
-def run(args) -> dict:
-    import torch
+def add_model_arguments(parser: argparse.ArgumentParser) -> None:
+    """The model, its layer spec and sizes, and the device: shared with ``gpu_hooks_ab.py``."""
+    parser.add_argument("--model", choices=["gpt", "hybrid"], default="gpt")
+    parser.add_argument("--spec", choices=["local", "te"], default="local")
+    parser.add_argument("--fp8", choices=["delayed", "tensorwise"], default=None)
+    parser.add_argument("--hidden", type=int, default=4096)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--ffn", type=int, default=14336)
+    parser.add_argument("--vocab", type=int, default=131072)
+    parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run")
 
-    import mtp_hooks
+
+def build_models(args, *with_mtp: bool) -> list:
+    """One rank of megatron, a zeroed MTP loss tracker, and a model per ``with_mtp`` flag;
+    plugins from entry points stay out of the measurement."""
     from mtp_hooks.demo import tiny_models
 
+    args.attention = "local" if args.device == "cuda" else "sdpa"  # local needs a CUDA buffer
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tiny_models.init_single_process()
         tiny_models.reset_mtp_loss_tracker(device=args.device)
-        mtp_model = build(args.model, True, args)
-        plain_model = build(args.model, False, args)
+        models = [build(args.model, mtp, args) for mtp in with_mtp]
     os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    return models
+
+
+def run(args) -> dict:
+    import torch
+
+    import mtp_hooks
+
+    mtp_model, plain_model = build_models(args, True, False)
     params = {
         "mtp_model_params": sum(p.numel() for p in mtp_model.parameters()),
         "mtp_params": sum(p.numel() for p in mtp_model.mtp.parameters()),
@@ -222,21 +243,12 @@ def projection_ms(model, labels, args) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", choices=["gpt", "hybrid"], default="gpt")
-    parser.add_argument("--spec", choices=["local", "te"], default="local")
-    parser.add_argument("--fp8", choices=["delayed", "tensorwise"], default=None)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--ffn", type=int, default=14336)
-    parser.add_argument("--vocab", type=int, default=131072)
-    parser.add_argument("--seq", type=int, default=4096)
+    add_model_arguments(parser)
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run")
     parser.add_argument("--out", default=None, help="folder for results JSON and chart")
     parser.add_argument("--plot", nargs="+", default=None, help="draw a chart from result JSONs")
     args = parser.parse_args()
-    args.attention = "local" if args.device == "cuda" else "sdpa"  # local needs a CUDA buffer
     if args.plot:
         results = [json.loads(open(p).read()) for p in args.plot]
         plot(results, args.out or "gpu_mtp.png")
