@@ -34,6 +34,7 @@ _RUN, _SKIP, _UNTOUCHED, _DETACHED = range(4)  # slots of a phase's counters
 _get_ident = threading.get_ident
 _threads = threading.local()  # each thread's frame-naming generator (_calls.start_resumer)
 _getframe = sys._getframe
+_set = object.__setattr__
 _RESTORE: Final = _calls.RESTORE
 _SETTLE: Final = _calls.SETTLE
 _KWARGS: Final = _calls.KWARGS
@@ -295,6 +296,3 @@ class MTPGate(GateState):
             kwargs[_capabilities.NATIVE_FLAG] = False
         else:
             _set(module, "mtp_process", False)
-
-
-_set = object.__setattr__
