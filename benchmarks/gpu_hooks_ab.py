@@ -36,7 +36,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_mtp import add_model_arguments, build_models, timed  # noqa: E402
+from gpu_mtp import add_model_arguments, batch_and_steps, build_models, timed  # noqa: E402
 from gpu_mtp_report import TIMINGS  # noqa: E402
 
 PAIRS = {  # the cases of each pair: baseline, measured, control (the baseline again)
@@ -70,27 +70,21 @@ def run(args) -> dict:
     else:
         (mtp,), plain = build_models(args, True), None
     baseline, measured_case, control = cases = PAIRS[args.pair]
-    policy = "run" if args.pair == "run" else "skip"
-    ids = torch.randint(0, args.vocab, (1, args.seq), device=args.device)
-    pos = torch.arange(args.seq, device=args.device).unsqueeze(0)
-    labels = torch.roll(ids, -1, dims=1)
+    _, (train_step, logprob, eval_forward) = batch_and_steps(args)
 
     def once(case: str) -> tuple[float, float, float]:
         hooked = case == measured_case
-        model = plain if case != measured_case and args.pair == "skip" else mtp
+        model = mtp if hooked or plain is None else plain
         handle = mtp_hooks.attach(model) if hooked else None
-        if handle is not None:
-            mtp_hooks.configure(f"train={policy},rollout={policy},eval={policy}")
-        try:
+        if handle is not None:  # the pair names the policy: run or skip
+            mtp_hooks.configure(f"train={args.pair},rollout={args.pair},eval={args.pair}")
+        try:  # the steps and their order of gpu_mtp.py's cases
             model.train()
+            train, _ = timed(lambda: train_step(model))
             model.zero_grad(set_to_none=True)
-            train, _ = timed(lambda: model(ids, pos, None, labels=labels).float().mean().backward())
-            model.zero_grad(set_to_none=True)
-            with torch.no_grad(), mtp_hooks.phase("rollout"):
-                fwd, _ = timed(lambda: model(ids, pos, None))
-            model.eval()
-            with torch.no_grad():
-                ev, _ = timed(lambda: model(ids, pos, None, labels=labels))
+            with mtp_hooks.phase("rollout"):
+                fwd, _ = timed(lambda: logprob(model))
+            ev, _ = timed(lambda: eval_forward(model))
         finally:
             if handle is not None:
                 handle.remove()

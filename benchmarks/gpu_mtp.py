@@ -116,17 +116,12 @@ def build_models(args, *with_mtp: bool) -> list:
     return models
 
 
-def run(args) -> dict:
+def batch_and_steps(args) -> tuple:
+    """One batch's labels, and the three steps timed for every case, each given the model: a
+    train step (the caller puts the model in training mode), a log-prob forward (the caller
+    enters phase ``rollout``) and an eval forward."""
     import torch
 
-    import mtp_hooks
-
-    mtp_model, plain_model = build_models(args, True, False)
-    params = {
-        "mtp_model_params": sum(p.numel() for p in mtp_model.parameters()),
-        "mtp_params": sum(p.numel() for p in mtp_model.mtp.parameters()),
-        "plain_model_params": sum(p.numel() for p in plain_model.parameters()),
-    }
     ids = torch.randint(0, args.vocab, (1, args.seq), device=args.device)
     pos = torch.arange(args.seq, device=args.device).unsqueeze(0)
     labels = torch.roll(ids, -1, dims=1)
@@ -144,6 +139,21 @@ def run(args) -> dict:
         with torch.no_grad():
             model(ids, pos, None, labels=labels)
 
+    return labels, (train_step, logprob, eval_forward)
+
+
+def run(args) -> dict:
+    import torch
+
+    import mtp_hooks
+
+    mtp_model, plain_model = build_models(args, True, False)
+    params = {
+        "mtp_model_params": sum(p.numel() for p in mtp_model.parameters()),
+        "mtp_params": sum(p.numel() for p in mtp_model.mtp.parameters()),
+        "plain_model_params": sum(p.numel() for p in plain_model.parameters()),
+    }
+    labels, (train_step, logprob, eval_forward) = batch_and_steps(args)
     state = {"handle": None}
 
     def setup(case):
