@@ -80,10 +80,12 @@ def run(args) -> dict:
             mtp_hooks.configure(f"train={args.pair},rollout={args.pair},eval={args.pair}")
         try:  # the steps and their order of gpu_mtp.py's cases
             model.train()
+            model.zero_grad(set_to_none=True)
             train, _ = timed(lambda: train_step(model))
             model.zero_grad(set_to_none=True)
             with mtp_hooks.phase("rollout"):
                 fwd, _ = timed(lambda: logprob(model))
+            model.eval()
             ev, _ = timed(lambda: eval_forward(model))
         finally:
             if handle is not None:

@@ -118,8 +118,10 @@ def build_models(args, *with_mtp: bool) -> list:
 
 def batch_and_steps(args) -> tuple:
     """One batch's labels, and the three steps timed for every case, each given the model: a
-    train step (the caller puts the model in training mode), a log-prob forward (the caller
-    enters phase ``rollout``) and an eval forward."""
+    train step, a log-prob forward (the caller enters phase ``rollout``) and an eval forward.
+    The caller sets the mode and clears gradients outside the timing: ``train()``, ``eval()``
+    and ``zero_grad()`` walk every module or parameter, so the MTP model, with more of them,
+    would pay more for them than the model built without MTP on every timed step."""
     import torch
 
     ids = torch.randint(0, args.vocab, (1, args.seq), device=args.device)
@@ -127,7 +129,6 @@ def batch_and_steps(args) -> tuple:
     labels = torch.roll(ids, -1, dims=1)
 
     def train_step(model):
-        model.zero_grad(set_to_none=True)
         model(ids, pos, None, labels=labels).float().mean().backward()
 
     def logprob(model):
@@ -135,7 +136,6 @@ def batch_and_steps(args) -> tuple:
             model(ids, pos, None)
 
     def eval_forward(model):
-        model.eval()
         with torch.no_grad():
             model(ids, pos, None, labels=labels)
 
@@ -178,10 +178,12 @@ def run(args) -> dict:
             for case in CASES:
                 model = setup(case)
                 model.train()
+                model.zero_grad(set_to_none=True)
                 t_ms, t_gib = timed(lambda m=model: train_step(m))
                 model.zero_grad(set_to_none=True)
                 with mtp_hooks.phase("rollout"):
                     f_ms, f_gib = timed(lambda m=model: logprob(m))
+                model.eval()
                 e_ms, e_gib = timed(lambda m=model: eval_forward(m))
                 if case == "e_run_metrics":
                     recorded.append(state["handle"].metrics(reset=True)["eval"])

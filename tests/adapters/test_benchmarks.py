@@ -1,0 +1,101 @@
+"""The GPU benchmarks time what they say they time, checked on the CPU at a tiny size."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from mtp_hooks.demo import tiny_models
+
+from model_fixtures import SEQ, VOCAB
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--hidden", "64", "--layers", "2", "--ffn", "128", "--vocab", "256", "--seq", "32"]
+
+
+@pytest.fixture
+def steps():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_mtp
+
+        yield gpu_mtp.batch_and_steps(SimpleNamespace(vocab=VOCAB, seq=SEQ, device="cpu"))[1]
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_the_timed_steps_leave_mode_switches_and_clearing_gradients_to_the_caller(build, steps):
+    # train(), eval() and zero_grad() walk every module or parameter: inside a timed step the MTP
+    # model, which has more of them, would pay more than the model built without MTP.
+    train_step, _, eval_forward = steps
+    model = build(attention="sdpa")  # megatron's local attention needs a mask on the CPU
+    model.train()
+    train_step(model)
+    first = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    train_step(model)
+    assert first and all(
+        torch.equal(p.grad, 2 * first[n]) for n, p in model.named_parameters() if n in first
+    )
+    eval_forward(model)
+    assert all(m.training for m in model.modules())
+    model.eval()
+    eval_forward(model)
+    assert not any(m.training for m in model.modules())
+
+
+def mtp_runs_without_labels() -> bool:
+    """Whether this megatron-core runs MTP in a forward without labels (0.16 cannot)."""
+    model = tiny_models.build_gpt(tiny_models.TinySpec(seq_length=SEQ), attention="sdpa")
+    ids = torch.zeros(1, SEQ, dtype=torch.long)
+    with torch.no_grad():
+        try:
+            model(ids, torch.arange(SEQ).unsqueeze(0), None)
+        except AttributeError:  # labels.clone() on None
+            return False
+    return True
+
+
+@pytest.mark.parametrize("pair, ratios", [("run", {"b/a", "a2/a"}), ("skip", {"c/d", "d2/d"})])
+def test_the_ab_benchmark_reports_its_pair_beside_a_control(megatron_cpu, tmp_path, pair, ratios):
+    if pair == "run" and not mtp_runs_without_labels():
+        pytest.skip("the run pair's log-prob forward runs MTP without labels: megatron-core 0.16")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    env["MASTER_PORT"] = str(tiny_models.free_port())  # this process may hold the inherited one
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_hooks_ab.py"),
+            "--device",
+            "cpu",
+            "--model",
+            "gpt",
+            "--pair",
+            pair,
+            "--rounds",
+            "3",
+            "--warmup",
+            "1",
+            "--out",
+            str(tmp_path),
+            *TINY,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    suffix = "" if pair == "run" else "_skip"
+    result = json.loads((tmp_path / f"gpu_hooks_ab_gpt_local_bf16{suffix}.json").read_text())
+    assert set(result["ratios"]) == ratios
+    for per_timing in result["ratios"].values():
+        assert set(per_timing) == {"train", "fwd", "eval"}
+        for r in per_timing.values():
+            assert 0 < r["low"] <= r["median"] <= r["high"]
