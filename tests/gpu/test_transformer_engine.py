@@ -4,7 +4,7 @@ Skipped without CUDA or without ``transformer_engine``. The models are megatron'
 (``get_gpt_layer_with_transformer_engine_spec`` with ``get_gpt_mtp_block_spec(...,
 use_transformer_engine=True)``, and the TE-based ``hybrid_stack_spec`` with the pattern
 ``*-*-/*-``), in bf16. docs/benchmarks.md records a run on an H200
-(``docs/benchmarks/gpu_te_tests.log``).
+(``docs/benchmarks/gpu_tests.log``).
 
 * A skipped forward gives the eval logits, the eval loss, the rollout logits and the training
   gradients of the same trunk built without MTP, bit for bit.
