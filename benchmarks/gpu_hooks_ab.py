@@ -36,7 +36,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_mtp import add_model_arguments, batch_and_steps, build_models, timed  # noqa: E402
+from gpu_mtp import add_model_arguments, batch_and_steps, build_models, time_steps  # noqa: E402
 from gpu_mtp_report import TIMINGS  # noqa: E402
 
 PAIRS = {  # the cases of each pair: baseline, measured, control (the baseline again)
@@ -70,7 +70,7 @@ def run(args) -> dict:
     else:
         (mtp,), plain = build_models(args, True), None
     baseline, measured_case, control = cases = PAIRS[args.pair]
-    _, (train_step, logprob, eval_forward) = batch_and_steps(args)
+    _, steps = batch_and_steps(args)
 
     def once(case: str) -> tuple[float, float, float]:
         hooked = case == measured_case
@@ -78,15 +78,8 @@ def run(args) -> dict:
         handle = mtp_hooks.attach(model) if hooked else None
         if handle is not None:  # the pair names the policy: run or skip
             mtp_hooks.configure(f"train={args.pair},rollout={args.pair},eval={args.pair}")
-        try:  # the steps and their order of gpu_mtp.py's cases
-            model.train()
-            model.zero_grad(set_to_none=True)
-            train, _ = timed(lambda: train_step(model))
-            model.zero_grad(set_to_none=True)
-            with mtp_hooks.phase("rollout"):
-                fwd, _ = timed(lambda: logprob(model))
-            model.eval()
-            ev, _ = timed(lambda: eval_forward(model))
+        try:  # the steps, order and modes of gpu_mtp.py's cases
+            train, fwd, ev = (ms for ms, _ in time_steps(model, steps))
         finally:
             if handle is not None:
                 handle.remove()

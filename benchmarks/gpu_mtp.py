@@ -118,10 +118,8 @@ def build_models(args, *with_mtp: bool) -> list:
 
 def batch_and_steps(args) -> tuple:
     """One batch's labels, and the three steps timed for every case, each given the model: a
-    train step, a log-prob forward (the caller enters phase ``rollout``) and an eval forward.
-    The caller sets the mode and clears gradients outside the timing: ``train()``, ``eval()``
-    and ``zero_grad()`` walk every module or parameter, so the MTP model, with more of them,
-    would pay more for them than the model built without MTP on every timed step."""
+    train step, a log-prob forward and an eval forward. They neither set the model's mode nor
+    clear its gradients: ``time_steps`` does that outside the timing."""
     import torch
 
     ids = torch.randint(0, args.vocab, (1, args.seq), device=args.device)
@@ -142,6 +140,26 @@ def batch_and_steps(args) -> tuple:
     return labels, (train_step, logprob, eval_forward)
 
 
+def time_steps(model, steps) -> tuple[tuple[float, float], ...]:
+    """``timed`` results of ``steps`` (from ``batch_and_steps``) on ``model``, in the order and
+    modes of every case: the train step in training mode, the log-prob forward in phase
+    ``rollout``, the eval forward in ``eval()`` mode. Modes are set and gradients cleared here,
+    outside the timing: ``train()``, ``eval()`` and ``zero_grad()`` walk every module or
+    parameter, so inside it the MTP model, with more of them, would pay more than the model
+    built without MTP on every timed step."""
+    import mtp_hooks
+
+    train_step, logprob, eval_forward = steps
+    model.train()
+    model.zero_grad(set_to_none=True)
+    train = timed(lambda: train_step(model))
+    model.zero_grad(set_to_none=True)
+    with mtp_hooks.phase("rollout"):
+        fwd = timed(lambda: logprob(model))
+    model.eval()
+    return train, fwd, timed(lambda: eval_forward(model))
+
+
 def run(args) -> dict:
     import torch
 
@@ -153,7 +171,7 @@ def run(args) -> dict:
         "mtp_params": sum(p.numel() for p in mtp_model.mtp.parameters()),
         "plain_model_params": sum(p.numel() for p in plain_model.parameters()),
     }
-    labels, (train_step, logprob, eval_forward) = batch_and_steps(args)
+    labels, steps = batch_and_steps(args)
     state = {"handle": None}
 
     def setup(case):
@@ -177,14 +195,7 @@ def run(args) -> dict:
         for it in range(args.warmup + args.iters):
             for case in CASES:
                 model = setup(case)
-                model.train()
-                model.zero_grad(set_to_none=True)
-                t_ms, t_gib = timed(lambda m=model: train_step(m))
-                model.zero_grad(set_to_none=True)
-                with mtp_hooks.phase("rollout"):
-                    f_ms, f_gib = timed(lambda m=model: logprob(m))
-                model.eval()
-                e_ms, e_gib = timed(lambda m=model: eval_forward(m))
+                (t_ms, t_gib), (f_ms, f_gib), (e_ms, e_gib) = time_steps(model, steps)
                 if case == "e_run_metrics":
                     recorded.append(state["handle"].metrics(reset=True)["eval"])
                 if it >= args.warmup:
