@@ -17,16 +17,26 @@ from . import _runtime
 from ._controller import AcceptanceController
 from ._errors import PolicyError
 from ._plugin_checks import mark_cacheable
+from ._speculation import (
+    SpeculationAdvice,
+    acceptance_from_counts,
+    acceptance_from_megatron,
+    recommend_num_speculative_tokens,
+)
 
 __all__ = [
     "AcceptanceController",
     "MISSING",
     "RoleSettings",
+    "SpeculationAdvice",
+    "acceptance_from_counts",
+    "acceptance_from_megatron",
     "as_mapping",
     "cacheable_vote",
     "framework_imported",
     "loss_scale_schedule",
     "read_key",
+    "recommend_num_speculative_tokens",
     "votes_changed",
 ]
 

@@ -252,3 +252,26 @@ def controller_refusal(rank: int) -> dict:
     except mtp_hooks.PolicyError as exc:
         return {"raised": str(exc)}
     return {"raised": None}
+
+
+def speculation_advice(rank: int) -> dict:
+    """Rank 0 saw a good drafter in its engine, rank 1 a stale one: each alone would draft a
+    different number of tokens; averaged over the group, both draft the same."""
+    from mtp_hooks.framework import acceptance_from_counts, recommend_num_speculative_tokens
+
+    local = acceptance_from_counts(100, [[90, 80], [10, 0]][rank])
+    alone = recommend_num_speculative_tokens(local, step_cost=0.45, group=_no_group())
+    shared = recommend_num_speculative_tokens(local, step_cost=0.45)
+    return {
+        "alone": alone.num_speculative_tokens,
+        "shared": shared.num_speculative_tokens,
+        "chain": list(shared.chain_acceptance),
+    }
+
+
+def _no_group():
+    """A one-rank group of this rank alone: what a rank would decide by itself."""
+    import torch
+
+    groups = [torch.distributed.new_group([r]) for r in range(torch.distributed.get_world_size())]
+    return groups[torch.distributed.get_rank()]

@@ -26,3 +26,12 @@ def test_a_depth_the_model_lacks_is_refused_on_every_rank_without_a_hang(tmp_pat
     for result in results:
         assert result["ok"], result.get("traceback")
         assert result["raised"] and "depth 2 was asked for" in result["raised"]
+
+
+def test_ranks_with_different_engine_acceptance_draft_the_same_number_of_tokens(tmp_path):
+    results = run_ranks(_scenarios.speculation_advice, world=2, tp=1, tmp=tmp_path)
+    for result in results:
+        assert result["ok"], result.get("traceback")
+    assert [r["alone"] for r in results] == [2, 0]  # what each rank would do by itself
+    assert [r["shared"] for r in results] == [1, 1]
+    assert results[0]["chain"] == results[1]["chain"] == pytest.approx([0.5, 0.4])

@@ -1,0 +1,165 @@
+"""The report of ``gpu_rl_drafter.py``: each goal with its number, and the plot."""
+
+from __future__ import annotations
+
+import statistics
+
+DEPTH = 2
+
+
+def engine_length(row: dict, k: int = DEPTH) -> float:
+    return row["engine"][str(k) if str(k) in row["engine"] else k].get("accepted_length", 0.0)
+
+
+def _engine(row: dict, k: int) -> dict:
+    return row["engine"][str(k) if str(k) in row["engine"] else k]
+
+
+def goals(results: dict) -> list[tuple[str, bool | None, str]]:
+    """``(goal, met, the numbers)`` for every goal of the experiment (``met`` None: not run)."""
+    arms = results["arms"]
+    out: list[tuple[str, bool | None, str]] = []
+    if "A" in arms:
+        rows = arms["A"]["rows"]
+        first, last = rows[0], rows[-1]
+        drops = [
+            _engine(first, DEPTH).get("chain_acceptance", [0, 0])[i]
+            - min(_engine(r, DEPTH).get("chain_acceptance", [0, 0])[i] for r in rows)
+            for i in range(DEPTH)
+        ]
+        out.append((
+            "A's engine acceptance falls by >= 0.2 over the RL phase",
+            max(drops) >= 0.2,
+            f"drop per position {', '.join(f'{d:.3f}' for d in drops)}; accepted length "
+            f"{engine_length(first):.3f} -> {engine_length(last):.3f}",
+        ))
+    same = {a: arms[a].get("trunk_vs_A") for a in arms if "trunk_vs_A" in arms[a]}
+    if same:
+        detached = [a for a in ("C", "D") if a in same]
+        out.append((
+            "A, C and D end with bit-identical trunk weights",
+            all(same[a]["bit_identical"] for a in detached) if detached else None,
+            "; ".join(
+                f"{a}: {'identical' if s['bit_identical'] else 'differs'} "
+                f"(max |diff| {s['max_abs_diff']:.3g})" for a, s in same.items()
+            ),
+        ))
+    if "B" in arms and "D" in arms:
+        ratios = [
+            engine_length(d) / engine_length(b) if engine_length(b) else float("nan")
+            for b, d in zip(arms["B"]["rows"], arms["D"]["rows"], strict=True)
+        ]
+        cost = mtp_cost(results)
+        within = all(r >= 0.9 for r in ratios)
+        cheap = cost.get("D", 1.0) <= 0.5 * cost.get("B", 0.0) if "A" in arms else None
+        out.append((
+            "D holds the engine's accepted length within 10% of B's at every measurement",
+            within,
+            f"D/B per measurement {', '.join(f'{r:.3f}' for r in ratios)}",
+        ))
+        out.append((
+            "D's MTP training costs at most 50% of B's",
+            cheap,
+            f"MTP cost in ms per RL step over A's median: "
+            + ", ".join(f"{a} {c:.2f}" for a, c in cost.items())
+            + f"; steps that trained MTP: B {arms['B']['mtp_trained_steps']}, "
+            f"D {arms['D']['mtp_trained_steps']}",
+        ))
+    fresh = results["fresh_on_old_data"]
+    speedups = {
+        batch: _engine(fresh, DEPTH)[key] / _engine(fresh, 0)[key]
+        for batch, key in (("1", "batch1_tokens_per_s"), ("8", "tokens_per_s"))
+    }
+    out.append((
+        "A fresh drafter gives >= 1.3x the tokens/s of no speculation at batch 1",
+        speedups["1"] >= 1.3,
+        f"k={DEPTH}: {speedups['1']:.3f}x at batch 1, {speedups['8']:.3f}x at batch "
+        f"{results['args']['prompts']}; accepted length {engine_length(fresh):.3f}",
+    ))
+    worst_best, worst_none, n = 1.0, float("inf"), 0
+    for arm in arms.values():
+        for row in arm["rows"]:
+            tps = {int(k): e["tokens_per_s"] for k, e in row["engine"].items()}
+            chosen = tps[row["recommended_k"]]
+            worst_best = min(worst_best, chosen / max(tps.values()))
+            worst_none = min(worst_none, chosen / tps[0])
+            n += 1
+    out.append((
+        "The recommended k is never > 5% slower than the best fixed k, nor slower than k=0",
+        worst_best >= 0.95 and worst_none >= 1.0,
+        f"over {n} measurements: worst recommended/best {worst_best:.3f}, "
+        f"worst recommended/k=0 {worst_none:.3f}",
+    ))
+    pairs = [
+        (row["teacher_forced"]["accepted_length"], engine_length(row))
+        for arm in arms.values() for row in arm["rows"] if engine_length(row) > 0.05
+    ]
+    if pairs:
+        errors = [abs(t - e) / e for t, e in pairs]
+        out.append((
+            "Teacher-forced accepted length predicts the engine's within 10%",
+            max(errors) <= 0.10,
+            f"relative error over {len(pairs)} measurements: median "
+            f"{statistics.median(errors):.3f}, max {max(errors):.3f}",
+        ))
+    return out
+
+
+def mtp_cost(results: dict) -> dict[str, float]:
+    """Per arm, the mean train-step time over A's median: what training MTP cost per step."""
+    arms = results["arms"]
+    if "A" not in arms:
+        return {}
+    base = statistics.median(arms["A"]["train_step_ms"])
+    return {a: statistics.fmean(arm["train_step_ms"]) - base for a, arm in arms.items()}
+
+
+def report(results: dict) -> str:
+    lines = ["| goal | met | numbers |", "|---|---|---|"]
+    for goal, met, numbers in goals(results):
+        lines.append(f"| {goal} | {'-' if met is None else 'yes' if met else 'no'} | {numbers} |")
+    lines += ["", "| arm | train step ms (median) | MTP-trained steps |", "|---|---|---|"]
+    for arm, data in results["arms"].items():
+        lines.append(
+            f"| {arm} `{data['policy']}` | {statistics.median(data['train_step_ms']):.2f} | "
+            f"{data['mtp_trained_steps']} |"
+        )
+    return "\n".join(lines)
+
+
+def plot(results: dict, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    arms = results["arms"]
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    ax = axes[0][0]
+    for arm, data in arms.items():
+        steps = [r["step"] for r in data["rows"]]
+        ax.plot(steps, [engine_length(r) for r in data["rows"]], marker="o", label=arm)
+    ax.set(title="engine accepted length (k=2)", xlabel="RL step", ylabel="tokens per step")
+    ax.legend()
+    ax = axes[0][1]
+    for arm, data in arms.items():
+        steps = [r["step"] for r in data["rows"]]
+        for k, style in ((DEPTH, "-"), (0, ":")):
+            ax.plot(steps, [_engine(r, k)["tokens_per_s"] for r in data["rows"]], style,
+                    label=f"{arm} k={k}")
+    ax.set(title="output tokens/s (batch of prompts)", xlabel="RL step")
+    ax.legend(fontsize=7, ncol=2)
+    ax = axes[1][0]
+    names = list(arms)
+    ax.bar(names, [statistics.median(arms[a]["train_step_ms"]) for a in names])
+    ax.set(title="train step, median ms", ylabel="ms")
+    ax = axes[1][1]
+    for arm, data in arms.items():
+        ax.scatter([engine_length(r) for r in data["rows"]],
+                   [r["teacher_forced"]["accepted_length"] for r in data["rows"]], label=arm)
+    ax.plot([0, DEPTH], [0, DEPTH], "k:")
+    ax.set(title="teacher-forced vs engine accepted length", xlabel="engine",
+           ylabel="teacher-forced")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
