@@ -81,8 +81,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--prompts", type=int, default=8, help="rollout batch")
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--gen", type=int, default=96, help="tokens generated per prompt")
-    p.add_argument("--target-fraction", type=float, default=0.9, help="D's target: this "
-                   "fraction of the engine's accepted length right after pretraining")
+    p.add_argument(
+        "--target-fraction",
+        type=float,
+        default=0.9,
+        help="D's target: this fraction of the engine's accepted length right after pretraining",
+    )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run")
     p.add_argument("--out", default=".")
@@ -178,7 +182,8 @@ class Trainer:
             p.grad = None
         for mtp in (False, True):
             group = [
-                m for m, t in zip(self.master, self.is_mtp, strict=True)
+                m
+                for m, t in zip(self.master, self.is_mtp, strict=True)
                 if t is mtp and m.grad is not None
             ]
             if group and self.clip > 0:
@@ -235,7 +240,7 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-# -- rollouts ---------------------------------------------------------------------------------------
+# -- rollouts ------------------------------------------------------------------------------------
 @dataclass
 class Rollout:
     """What one batch of greedy rollouts gave."""
@@ -358,7 +363,9 @@ def teacher_forced(model, handle, prompts, rollout: Rollout, device: str):
 
     import mtp_hooks
 
-    ids = torch.stack([torch.cat([p, torch.tensor(t)]) for p, t in zip(prompts, rollout.tokens)])
+    ids = torch.stack(
+        [torch.cat([p, torch.tensor(t)]) for p, t in zip(prompts, rollout.tokens, strict=True)]
+    )
     ids = ids.to(device)
     pos = torch.arange(ids.shape[1], device=device).unsqueeze(0).expand_as(ids)
     labels = torch.roll(ids, -1, dims=1)
@@ -380,17 +387,26 @@ def measure(model, handle, engines: dict, prompts, args, batch1: bool = False) -
     row: dict = {"engine": {}}
     for k, engine in engines.items():
         r = engine(prompts, args.gen)
-        row["engine"][k] = {"tokens_per_s": r.tokens_per_s, "steps": r.steps,
-                            "seconds": r.seconds, "drafts": r.drafts, "accepted": r.accepted}
+        row["engine"][k] = {
+            "tokens_per_s": r.tokens_per_s,
+            "steps": r.steps,
+            "seconds": r.seconds,
+            "drafts": r.drafts,
+            "accepted": r.accepted,
+        }
         if k and r.drafts[0]:
             m = acceptance_from_counts(r.drafts, r.accepted)
-            row["engine"][k].update(chain_acceptance=list(m.chain_acceptance),
-                                    accepted_length=m.accepted_length)
+            row["engine"][k].update(
+                chain_acceptance=list(m.chain_acceptance), accepted_length=m.accepted_length
+            )
         if k == 0:
             tf = teacher_forced(model, handle, prompts, r, args.device)
-            row["teacher_forced"] = {"chain_acceptance": list(tf.chain_acceptance),
-                                     "accepted_length": tf.accepted_length,
-                                     "acceptance": list(tf.acceptance), "loss": list(tf.loss)}
+            row["teacher_forced"] = {
+                "chain_acceptance": list(tf.chain_acceptance),
+                "accepted_length": tf.accepted_length,
+                "acceptance": list(tf.acceptance),
+                "loss": list(tf.loss),
+            }
             row["tokens_k0"] = r.tokens
         if batch1:
             one = engine(prompts[:1], args.gen)
@@ -426,8 +442,10 @@ def run(args, save=lambda results: None) -> dict:
     old, new = (PhraseLanguage(args.vocab, args.phrases, args.seed + s) for s in (1, 2))
 
     mtp_hooks.configure("train=run,logprob=run+metrics")
-    pre_ms = [train_step(model, trainer, old.sample(args.batch, args.seq, (args.seed, 0, s)),
-                         args.device) for s in range(args.pretrain_steps)]
+    pre_ms = [
+        train_step(model, trainer, old.sample(args.batch, args.seq, (args.seed, 0, s)), args.device)
+        for s in range(args.pretrain_steps)
+    ]
     pretrained = trainer.state()
 
     kind = EngineRollouts if args.device == "cuda" else PlainRollouts
@@ -438,16 +456,21 @@ def run(args, save=lambda results: None) -> dict:
         engine(prompts_at(new, args, 0)[:1], args.gen)
     fresh = measure(model, handle, engines, prompts_at(old, args, 0), args, batch1=True)
     calib = measure(model, handle, engines, prompts_at(new, args, 0), args, batch1=True)
-    seconds_per_step = [calib["engine"][k]["seconds"] / calib["engine"][k]["steps"]
-                        for k in engines]
+    seconds_per_step = [
+        calib["engine"][k]["seconds"] / calib["engine"][k]["steps"] for k in engines
+    ]
     fresh_length = fresh["engine"].get(DEPTH, {}).get("accepted_length", 0.0)
     target = args.target_fraction * fresh_length
 
     results: dict = {
-        "args": vars(args), "parameters": n_params,
+        "args": vars(args),
+        "parameters": n_params,
         "pretrain_step_ms": statistics.median(pre_ms[len(pre_ms) // 2 :]),
-        "fresh_on_old_data": fresh, "at_shift": calib,
-        "seconds_per_step": seconds_per_step, "controller_target": target, "arms": {},
+        "fresh_on_old_data": fresh,
+        "at_shift": calib,
+        "seconds_per_step": seconds_per_step,
+        "controller_target": target,
+        "arms": {},
     }
     trunks = {}
     for arm in args.arms.split(","):
@@ -462,12 +485,21 @@ def run(args, save=lambda results: None) -> dict:
         rows, step_ms, trained = [], [], 0
         for step in range(args.rl_steps + 1):
             if step % args.every == 0:
-                row = measure(model, handle, engines, prompts_at(new, args, step), args,
-                              batch1=step in (0, args.rl_steps))
+                row = measure(
+                    model,
+                    handle,
+                    engines,
+                    prompts_at(new, args, step),
+                    args,
+                    batch1=step in (0, args.rl_steps),
+                )
                 tf = row["teacher_forced"]["chain_acceptance"]
                 advice = recommend_num_speculative_tokens(tf, step_cost=seconds_per_step)
-                row.update(step=step, recommended_k=advice.num_speculative_tokens,
-                           expected_speedups=list(advice.speedups))
+                row.update(
+                    step=step,
+                    recommended_k=advice.num_speculative_tokens,
+                    expected_speedups=list(advice.speedups),
+                )
                 if controller is not None:
                     drafted = row["engine"][DEPTH]
                     figures = acceptance_from_counts(drafted["drafts"], drafted["accepted"])
@@ -483,14 +515,16 @@ def run(args, save=lambda results: None) -> dict:
                 step_ms.append(train_step(model, trainer, ids, args.device))
         trunks[arm] = [t.cpu().clone() for t in trainer.trunk()]
         results["arms"][arm] = {
-            "policy": ARMS[arm], "rows": rows, "train_step_ms": step_ms,
+            "policy": ARMS[arm],
+            "rows": rows,
+            "train_step_ms": step_ms,
             "mtp_trained_steps": trained,
         }
         save(results)  # what a run cut short had measured stays
     if "A" in trunks:
         for arm, trunk in trunks.items():
-            diff = max(float((a - b).abs().max()) for a, b in zip(trunks["A"], trunk))
-            same = all(torch.equal(a, b) for a, b in zip(trunks["A"], trunk))
+            diff = max(float((a - b).abs().max()) for a, b in zip(trunks["A"], trunk, strict=True))
+            same = all(torch.equal(a, b) for a, b in zip(trunks["A"], trunk, strict=True))
             results["arms"][arm]["trunk_vs_A"] = {"bit_identical": same, "max_abs_diff": diff}
     handle.remove()
     return results

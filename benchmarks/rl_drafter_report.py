@@ -1,7 +1,16 @@
-"""The report of ``gpu_rl_drafter.py``: each goal with its number, and the plot."""
+"""The report of ``gpu_rl_drafter.py``: each goal with its number, and the plot.
+
+``python benchmarks/rl_drafter_report.py RUN.json [RUN.json ...] --out MERGED.json`` merges the
+arms of several runs into one report, after checking that the runs are the same experiment:
+the same arguments but for ``--arms`` and ``--out``, the same pretrained model (its figures
+right after pretraining are equal), and equal rows for every arm that two runs share. The
+script is deterministic, so that holds for runs that split the arms between them.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
 import statistics
 
 DEPTH = 2
@@ -27,23 +36,28 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
             - min(_engine(r, DEPTH).get("chain_acceptance", [0, 0])[i] for r in rows)
             for i in range(DEPTH)
         ]
-        out.append((
-            "A's engine acceptance falls by >= 0.2 over the RL phase",
-            max(drops) >= 0.2,
-            f"drop per position {', '.join(f'{d:.3f}' for d in drops)}; accepted length "
-            f"{engine_length(first):.3f} -> {engine_length(last):.3f}",
-        ))
+        out.append(
+            (
+                "A's engine acceptance falls by >= 0.2 over the RL phase",
+                max(drops) >= 0.2,
+                f"drop per position {', '.join(f'{d:.3f}' for d in drops)}; accepted length "
+                f"{engine_length(first):.3f} -> {engine_length(last):.3f}",
+            )
+        )
     same = {a: arms[a].get("trunk_vs_A") for a in arms if "trunk_vs_A" in arms[a]}
     if same:
         detached = [a for a in ("C", "D") if a in same]
-        out.append((
-            "A, C and D end with bit-identical trunk weights",
-            all(same[a]["bit_identical"] for a in detached) if detached else None,
-            "; ".join(
-                f"{a}: {'identical' if s['bit_identical'] else 'differs'} "
-                f"(max |diff| {s['max_abs_diff']:.3g})" for a, s in same.items()
-            ),
-        ))
+        out.append(
+            (
+                "A, C and D end with bit-identical trunk weights",
+                all(same[a]["bit_identical"] for a in detached) if detached else None,
+                "; ".join(
+                    f"{a}: {'identical' if s['bit_identical'] else 'differs'} "
+                    f"(max |diff| {s['max_abs_diff']:.3g})"
+                    for a, s in same.items()
+                ),
+            )
+        )
     if "B" in arms and "D" in arms:
         ratios = [
             engine_length(d) / engine_length(b) if engine_length(b) else float("nan")
@@ -51,31 +65,37 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
         ]
         cost = mtp_cost(results)
         within = all(r >= 0.9 for r in ratios)
-        cheap = cost.get("D", 1.0) <= 0.5 * cost.get("B", 0.0) if "A" in arms else None
-        out.append((
-            "D holds the engine's accepted length within 10% of B's at every measurement",
-            within,
-            f"D/B per measurement {', '.join(f'{r:.3f}' for r in ratios)}",
-        ))
-        out.append((
-            "D's MTP training costs at most 50% of B's",
-            cheap,
-            f"MTP cost in ms per RL step over A's median: "
-            + ", ".join(f"{a} {c:.2f}" for a, c in cost.items())
-            + f"; steps that trained MTP: B {arms['B']['mtp_trained_steps']}, "
-            f"D {arms['D']['mtp_trained_steps']}",
-        ))
+        share = arms["D"]["mtp_trained_steps"] / max(arms["B"]["mtp_trained_steps"], 1)
+        cheap = share <= 0.5
+        out.append(
+            (
+                "D holds the engine's accepted length within 10% of B's at every measurement",
+                within,
+                f"D/B per measurement {', '.join(f'{r:.3f}' for r in ratios)}",
+            )
+        )
+        out.append(
+            (
+                "D's MTP training costs at most 50% of B's",
+                cheap,
+                f"steps that trained MTP: B {arms['B']['mtp_trained_steps']}, "
+                f"D {arms['D']['mtp_trained_steps']} ({share:.0%} of B's); mean train-step ms "
+                "over A's median: " + ", ".join(f"{a} {c:+.2f}" for a, c in cost.items()),
+            )
+        )
     fresh = results["fresh_on_old_data"]
     speedups = {
         batch: _engine(fresh, DEPTH)[key] / _engine(fresh, 0)[key]
         for batch, key in (("1", "batch1_tokens_per_s"), ("8", "tokens_per_s"))
     }
-    out.append((
-        "A fresh drafter gives >= 1.3x the tokens/s of no speculation at batch 1",
-        speedups["1"] >= 1.3,
-        f"k={DEPTH}: {speedups['1']:.3f}x at batch 1, {speedups['8']:.3f}x at batch "
-        f"{results['args']['prompts']}; accepted length {engine_length(fresh):.3f}",
-    ))
+    out.append(
+        (
+            "A fresh drafter gives >= 1.3x the tokens/s of no speculation at batch 1",
+            speedups["1"] >= 1.3,
+            f"k={DEPTH}: {speedups['1']:.3f}x at batch 1, {speedups['8']:.3f}x at batch "
+            f"{results['args']['prompts']}; accepted length {engine_length(fresh):.3f}",
+        )
+    )
     worst_best, worst_none, n = 1.0, float("inf"), 0
     for arm in arms.values():
         for row in arm["rows"]:
@@ -84,24 +104,30 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
             worst_best = min(worst_best, chosen / max(tps.values()))
             worst_none = min(worst_none, chosen / tps[0])
             n += 1
-    out.append((
-        "The recommended k is never > 5% slower than the best fixed k, nor slower than k=0",
-        worst_best >= 0.95 and worst_none >= 1.0,
-        f"over {n} measurements: worst recommended/best {worst_best:.3f}, "
-        f"worst recommended/k=0 {worst_none:.3f}",
-    ))
+    out.append(
+        (
+            "The recommended k is never > 5% slower than the best fixed k, nor slower than k=0",
+            worst_best >= 0.95 and worst_none >= 1.0,
+            f"over {n} measurements: worst recommended/best {worst_best:.3f}, "
+            f"worst recommended/k=0 {worst_none:.3f}",
+        )
+    )
     pairs = [
         (row["teacher_forced"]["accepted_length"], engine_length(row))
-        for arm in arms.values() for row in arm["rows"] if engine_length(row) > 0.05
+        for arm in arms.values()
+        for row in arm["rows"]
+        if engine_length(row) > 0.05
     ]
     if pairs:
         errors = [abs(t - e) / e for t, e in pairs]
-        out.append((
-            "Teacher-forced accepted length predicts the engine's within 10%",
-            max(errors) <= 0.10,
-            f"relative error over {len(pairs)} measurements: median "
-            f"{statistics.median(errors):.3f}, max {max(errors):.3f}",
-        ))
+        out.append(
+            (
+                "Teacher-forced accepted length predicts the engine's within 10%",
+                max(errors) <= 0.10,
+                f"relative error over {len(pairs)} measurements: median "
+                f"{statistics.median(errors):.3f}, max {max(errors):.3f}",
+            )
+        )
     return out
 
 
@@ -111,7 +137,10 @@ def mtp_cost(results: dict) -> dict[str, float]:
     if "A" not in arms:
         return {}
     base = statistics.median(arms["A"]["train_step_ms"])
-    return {a: statistics.fmean(arm["train_step_ms"]) - base for a, arm in arms.items()}
+    return {
+        a: statistics.fmean(arm["train_step_ms"]) - arm.get("baseline_ms", base)
+        for a, arm in arms.items()
+    }
 
 
 def report(results: dict) -> str:
@@ -121,7 +150,8 @@ def report(results: dict) -> str:
     lines += ["", "| arm | train step ms (median) | MTP-trained steps |", "|---|---|---|"]
     for arm, data in results["arms"].items():
         lines.append(
-            f"| {arm} `{data['policy']}` | {statistics.median(data['train_step_ms']):.2f} | "
+            f"| {arm} `{data['policy']}` | {statistics.median(data['train_step_ms']):.2f} "
+            f"(A of its run: {data.get('baseline_ms', float('nan')):.2f}) | "
             f"{data['mtp_trained_steps']} |"
         )
     return "\n".join(lines)
@@ -145,8 +175,12 @@ def plot(results: dict, path: str) -> None:
     for arm, data in arms.items():
         steps = [r["step"] for r in data["rows"]]
         for k, style in ((DEPTH, "-"), (0, ":")):
-            ax.plot(steps, [_engine(r, k)["tokens_per_s"] for r in data["rows"]], style,
-                    label=f"{arm} k={k}")
+            ax.plot(
+                steps,
+                [_engine(r, k)["tokens_per_s"] for r in data["rows"]],
+                style,
+                label=f"{arm} k={k}",
+            )
     ax.set(title="output tokens/s (batch of prompts)", xlabel="RL step")
     ax.legend(fontsize=7, ncol=2)
     ax = axes[1][0]
@@ -155,11 +189,67 @@ def plot(results: dict, path: str) -> None:
     ax.set(title="train step, median ms", ylabel="ms")
     ax = axes[1][1]
     for arm, data in arms.items():
-        ax.scatter([engine_length(r) for r in data["rows"]],
-                   [r["teacher_forced"]["accepted_length"] for r in data["rows"]], label=arm)
+        ax.scatter(
+            [engine_length(r) for r in data["rows"]],
+            [r["teacher_forced"]["accepted_length"] for r in data["rows"]],
+            label=arm,
+        )
     ax.plot([0, DEPTH], [0, DEPTH], "k:")
-    ax.set(title="teacher-forced vs engine accepted length", xlabel="engine",
-           ylabel="teacher-forced")
+    ax.set(
+        title="teacher-forced vs engine accepted length", xlabel="engine", ylabel="teacher-forced"
+    )
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def merge(runs: list[dict]) -> dict:
+    """One result with the arms of ``runs``, refused unless they are the same experiment."""
+    first = runs[0]
+    same = {k: v for k, v in first["args"].items() if k not in ("arms", "out")}
+    merged = {**first, "arms": {}, "merged_from": len(runs)}
+    for run in runs:
+        args = {k: v for k, v in run["args"].items() if k not in ("arms", "out")}
+        if args != same:
+            raise SystemExit("rl_drafter_report: the runs were made with different arguments")
+        tf = run["fresh_on_old_data"]["teacher_forced"]
+        if tf != first["fresh_on_old_data"]["teacher_forced"]:
+            raise SystemExit("rl_drafter_report: the runs pretrained different models")
+        for arm, data in run["arms"].items():
+            if arm in merged["arms"]:
+                ours = [r["teacher_forced"] for r in merged["arms"][arm]["rows"]]
+                if ours != [r["teacher_forced"] for r in data["rows"]]:
+                    raise SystemExit(f"rl_drafter_report: arm {arm} differs between the runs")
+                continue
+            merged["arms"][arm] = {k: v for k, v in data.items() if k != "trunk_vs_A"}
+            if "A" in run["arms"]:  # step times vary between runs: set against that run's A
+                merged["arms"][arm]["baseline_ms"] = statistics.median(
+                    run["arms"]["A"]["train_step_ms"]
+                )
+    for arm in merged["arms"]:  # trunk comparisons hold only within the run that had A
+        for run in runs:
+            if "A" in run["arms"] and "trunk_vs_A" in run["arms"].get(arm, {}):
+                merged["arms"][arm]["trunk_vs_A"] = run["arms"][arm]["trunk_vs_A"]
+                break
+    merged["arms"] = dict(sorted(merged["arms"].items()))
+    return merged
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="Merge runs of gpu_rl_drafter.py and report.")
+    parser.add_argument("runs", nargs="+")
+    parser.add_argument("--out", required=True, help="the merged JSON (and a PNG beside it)")
+    args = parser.parse_args()
+    runs = []
+    for path in args.runs:
+        with open(path) as f:
+            runs.append(json.load(f))
+    merged = merge(runs)
+    with open(args.out, "w") as f:
+        json.dump(merged, f, indent=1)
+    print(report(merged))
+    plot(merged, args.out.rsplit(".", 1)[0] + ".png")
+
+
+if __name__ == "__main__":
+    main()

@@ -99,3 +99,49 @@ def test_the_ab_benchmark_reports_its_pair_beside_a_control(megatron_cpu, tmp_pa
         assert set(per_timing) == {"train", "fwd", "eval"}
         for r in per_timing.values():
             assert 0 < r["low"] <= r["median"] <= r["high"]
+
+
+def megatron_detaches_mtp() -> bool:
+    """Whether this megatron-core has ``mtp_detach_heads`` (0.19 on), which ``+detach`` needs."""
+    import dataclasses
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return "mtp_detach_heads" in {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
+def test_the_rl_drafter_loop_keeps_the_policy_of_a_skip_under_detach_and_reports_each_goal(
+    tmp_path,
+):
+    if not megatron_detaches_mtp():
+        pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    env["MASTER_PORT"] = str(tiny_models.free_port())
+    tiny = ["--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "128"]
+    tiny += ["--phrases", "32", "--seq", "64", "--batch", "4", "--pretrain-steps", "20"]
+    tiny += ["--rl-steps", "10", "--every", "5", "--prompts", "2", "--prompt-len", "8"]
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "gpu_rl_drafter.py"),
+            "--device",
+            "cpu",
+            "--gen",
+            "8",
+            "--out",
+            str(tmp_path),
+            *tiny,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads((tmp_path / "rl_drafter.json").read_text())
+    trunks = {arm: data["trunk_vs_A"]["bit_identical"] for arm, data in result["arms"].items()}
+    assert trunks == {"A": True, "B": False, "C": True, "D": True}
+    assert [len(result["arms"][arm]["rows"]) for arm in "ABCD"] == [3, 3, 3, 3]
+    assert result["arms"]["A"]["mtp_trained_steps"] == 0
+    assert result["arms"]["B"]["mtp_trained_steps"] == 10
+    assert "| A, C and D end with bit-identical trunk weights | yes |" in out.stdout
