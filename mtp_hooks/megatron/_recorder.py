@@ -25,10 +25,11 @@ from megatron.core.transformer import multi_token_prediction as _mtp
 from .._metrics import MTPMetrics
 from ..plugins import _registry
 
-# Rows of a [5, depths] values tensor: per depth the masked loss sum, the top-1 hits and the
-# positions, then the chained hits (every depth up to this one hit) and the chained positions
-# (every depth up to this one has the position).
-_LOSS, _CORRECT, _TOKENS, _CHAIN, _CHAIN_POSITIONS = range(5)
+# Rows of a [6, depths] values tensor: per depth the masked loss sum, the top-1 hits, the
+# positions that count (mask != 0), then the chained hits (every depth up to this one hit) and the
+# chained positions (every depth up to this one has the position), and the mask's sum: a
+# weighted mask weighs the loss (megatron's weighted mean), never the acceptance.
+_LOSS, _CORRECT, _TOKENS, _CHAIN, _CHAIN_POSITIONS, _MASK_SUM = range(6)
 
 
 def _derives_labels() -> bool:
@@ -133,7 +134,7 @@ class Recorder:
             self.handle = None
 
     def take(self, reset: bool) -> dict[Any, tuple[torch.Tensor, int]]:
-        """The totals by phase, ``(float64 [5, depths] sums, forwards)``; ``reset`` clears them."""
+        """The totals by phase, ``(float64 [6, depths] sums, forwards)``; ``reset`` clears them."""
         with self.lock:
             totals = dict(self.totals)
             if reset:
@@ -149,13 +150,14 @@ class Recorder:
 
 
 def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
-    """Means of ``[5, depths]`` sums (see ``_LOSS``) over ``forwards`` (a host sync).
+    """Means of ``[6, depths]`` sums (see ``_LOSS``) over ``forwards`` (a host sync).
 
     Divided in ``values``' dtype, so one forward's float32 loss is bit for bit the value
-    Megatron logs for it (``sum / num_tokens.clamp(min=1)``).
+    Megatron logs for it (``sum / num_tokens.clamp(min=1)``, ``num_tokens`` the mask's sum).
+    Acceptance is hits over the positions whose mask is not 0, whatever their weight.
     """
-    positions = values[_TOKENS].clamp(min=1)
-    loss, acceptance = (values[_LOSS] / positions).tolist(), (values[_CORRECT] / positions).tolist()
+    loss = (values[_LOSS] / values[_MASK_SUM].clamp(min=1)).tolist()
+    acceptance = (values[_CORRECT] / values[_TOKENS].clamp(min=1)).tolist()
     tokens = [int(n) for n in values[_TOKENS].tolist()]
     chain = (values[_CHAIN] / values[_CHAIN_POSITIONS].clamp(min=1)).tolist()
     accepted = float(values[_CHAIN].sum() / values[_CHAIN_POSITIONS][0].clamp(min=1))
@@ -170,7 +172,7 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
 
 
 def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.Tensor:
-    """``[5, depths]`` float32: the masked loss sum, top-1 hits and positions of each depth,
+    """``[6, depths]`` float32: the masked loss sum, top-1 hits and positions of each depth,
     computed the way ``process_mtp_loss`` computes them (same calls, same order), and the
     chained hits and positions. Depth ``d`` at position ``i`` drafts token ``i + d + 1``, so a
     greedy chain from position ``i`` accepts depths ``1..k`` when each of them hits at ``i``."""
@@ -206,9 +208,9 @@ def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.T
             if scale is not None:
                 logits = scale(logits)
             labels, _ = roll(labels)
-            mask, tokens = roll(mask)
+            mask, mask_sum = roll(mask)
             loss = torch.sum(mask * model.compute_language_model_loss(labels, logits))
-            valid = mask.t().bool()
+            valid = mask.t() != 0
             hits = (_top1(model, logits, request.runtime_gather_output) == labels.t()) & valid
             chain = hits if chain is None else chain & hits
             present = valid if present is None else present & valid
@@ -217,9 +219,10 @@ def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.T
                     [
                         loss.float(),
                         hits.sum().float(),
-                        tokens.float(),
+                        valid.sum().float(),
                         chain.sum().float(),
                         present.sum().float(),
+                        mask_sum.float(),
                     ]
                 )
             )
@@ -270,7 +273,7 @@ def running_means(recorders: list[Recorder], reset: bool) -> dict[str, MTPMetric
 
 
 def _add_by_depth(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a + b`` for ``[5, depths]`` sums, the shallower one padded with zero counts."""
+    """``a + b`` for ``[6, depths]`` sums, the shallower one padded with zero counts."""
     b = b.to(a.device)
     depths = max(a.shape[1], b.shape[1])
     pad = torch.nn.functional.pad

@@ -123,6 +123,34 @@ def test_acceptance_is_one_for_a_head_that_predicts_every_label(
     assert handle.metrics()["eval"].acceptance == (expected,) * DEPTHS
 
 
+def test_a_weighted_mask_weighs_the_loss_but_acceptance_counts_positions(
+    deep, batch, loss_mask
+):
+    model = deep()
+    set_head_to_predict(model, 7)
+    listener = Listener()
+    mtp_hooks.register(listener)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics,train=run+metrics")
+    labels = torch.full_like(batch.labels, 7)
+    weighted = loss_mask.clone()
+    weighted[:, ::2] *= 0.5  # every hit position still counts once
+    tiny_models.reset_mtp_loss_tracker(num_layers=DEPTHS)
+    model.train()
+    with mtp_hooks.phase("train"):
+        model(*batch.args(), labels=labels, loss_mask=weighted)
+    model.eval()  # megatron logs training-mode forwards only: its log holds the one above
+    with torch.no_grad(), mtp_hooks.phase("eval"):
+        model(*batch.args(), labels=labels, loss_mask=loss_mask)
+    got, plain = handle.metrics()["train"], handle.metrics()["eval"]
+    assert got.acceptance == (1.0,) * DEPTHS  # was 1.3 when hits were divided by the mask sum
+    assert got.chain_acceptance == (1.0,) * DEPTHS
+    assert got.accepted_length == plain.accepted_length
+    assert got.tokens == plain.tokens == (11 + 8, 11 + 7)  # positions, not the mask's sum
+    one_forward = listener.calls[0][2]  # float32, as megatron divides
+    assert list(one_forward.loss) == megatron_log()[0]  # megatron's weighted mean, bit for bit
+
+
 def chained_by_hand(labels, mask, token: int, depths: int) -> tuple[list[float], float]:
     """Chained acceptance and accepted length of heads that always draft ``token``: depth ``d``
     at position ``i`` drafts ``labels[i + d]``, present where ``mask[i + d]`` is set."""
