@@ -64,6 +64,9 @@ FRAMEWORKS = [
     "huggingface_hub",
 ]
 CORE_FLOOR = ["pluggy==1.3.0", "pytest==8.0.2"]  # pyproject's pluggy floor; pytest 8.0 runs on it
+# The property tests (tests/core/test_*_properties.py) set a fixed seed and their example counts
+# themselves, so every run checks the same examples.
+HYPOTHESIS = "hypothesis==6.168.5"
 RUFF, MYPY, SPHINX = "ruff==0.17.6", "mypy==1.19.1", "sphinx==9.1.1"
 PLUGINS = sorted(
     f"plugins/{name}"
@@ -82,7 +85,7 @@ def _install_project(session: nox.Session, python: str, megatron: str) -> None:
     if os.path.isdir("/opt/wheels"):  # machines that keep torch wheels on disk: use them
         session.env["UV_FIND_LINKS"] = "/opt/wheels"
     session.install(TORCH[python], megatron, "numpy")
-    session.install("-e", ".[test,bench]", "omegaconf", *PLUGINS)
+    session.install("-e", ".[test,bench]", "omegaconf", HYPOTHESIS, *PLUGINS)
 
 
 @nox.session(python="3.12")
@@ -113,7 +116,7 @@ def tests(session: nox.Session, entry: str) -> None:
 @nox.session(python="3.10")
 def core(session: nox.Session) -> None:
     """The core tests without torch or megatron-core, on the oldest Python and pluggy allowed."""
-    session.install("-e", ".[test]", *CORE_FLOOR)
+    session.install("-e", ".[test]", HYPOTHESIS, *CORE_FLOOR)
     session.run("pytest", *(session.posargs or ["tests/core"]))
 
 

@@ -59,6 +59,10 @@ class AcceptanceController:
     the drafter until it is known to be good). The decision is deterministic and changes only
     at :meth:`update`, never inside a step.
 
+    The window counts updates that carried figures: an update with none (no recorded forward,
+    figures over no positions, or only figures that are not finite, which are ignored) adds
+    nothing to the window and leaves the decision as it was.
+
     Example:
         >>> import mtp_hooks
         >>> from mtp_hooks.framework import AcceptanceController
@@ -94,6 +98,11 @@ class AcceptanceController:
             raise PolicyError("AcceptanceController: window must be an int >= 1")
         if isinstance(target, bool) or not isinstance(target, (int, float)):
             raise PolicyError("AcceptanceController: target must be a number")
+        if not math.isfinite(target):
+            raise PolicyError(
+                f"AcceptanceController: target must be finite, got {target!r}; the drafter "
+                "would never reach a NaN target, and always or never an infinite one"
+            )
         self.target, self.metric, self.depth = float(target), metric, depth
         self.below, self.above = _weight(below, "below"), _weight(above, "above")
         self.watch = str(_phases.normalize(watch, "AcceptanceController watch"))
@@ -120,7 +129,11 @@ class AcceptanceController:
         usable = [
             m for m in batch if self.metric == "accepted_length" or len(m.tokens) >= self.depth
         ]
-        pooled_each = [self._pooled(m) for m in usable]
+        # A figure that is not finite (a NaN from an empty or broken forward) is ignored: it
+        # never enters the window and never counts as reaching the target.
+        pooled_each = [
+            (v, w) for v, w in map(self._pooled, usable) if math.isfinite(v) and math.isfinite(w)
+        ]
         total = (
             sum(v for v, _ in pooled_each),
             sum(w for _, w in pooled_each),

@@ -243,7 +243,7 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
             f"result: {'run' if decision.run else 'skip'} (decided by {decision.decided_by})"
         )
         if decision.loss_scale is not None:
-            lines.append(f"loss scale: {decision.loss_scale:g} (from {decision.loss_scale_by})")
+            lines.append(f"loss scale: {decision.loss_scale!r} (from {decision.loss_scale_by})")
         if decision.metrics:
             lines.append("metrics: recorded (MTP loss and top-1 acceptance per depth)")
         if decision.detach:

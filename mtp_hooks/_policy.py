@@ -10,6 +10,7 @@ metrics, ``+detach`` trains MTP without its gradient reaching the trunk
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from typing import Any, Literal
 
 from . import _phases
 from ._errors import PolicyError
-from ._weights import check_loss_scale
+from ._weights import check_loss_scale, parse_loss_scale
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -56,9 +57,26 @@ class PolicyEntry:
     detach: bool | None = None
 
 
+def spell(entry: PolicyEntry) -> str:
+    """``entry`` in the compact grammar (``run:0.3+metrics+detach``), which parses back to it.
+
+    The weight is written as Python's shortest round-trip ``repr``. ``detach = false`` (the
+    model's own setting, a TOML-only choice) has no compact spelling and is left out.
+    """
+    weight = "" if entry.loss_scale is None else f":{entry.loss_scale!r}"
+    return f"{entry.value}{weight}" + "+metrics" * entry.metrics + "+detach" * bool(entry.detach)
+
+
 _ALLOWED = (
     "'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the run/auto forms "
     "optionally followed by '+metrics' and '+detach', in any order"
+)
+# VALUE[:WEIGHT](+OPTION)*, spaces allowed around ':' and '+'. An option starts with a letter,
+# so the '+' of an exponent (run:1e+3) is part of the weight.
+_GRAMMAR = re.compile(
+    r"\s*(?P<value>[a-z]+)\s*(?::\s*(?P<weight>[^+\s]*(?:[eE]\+[^+\s]*)?)\s*)?"
+    r"(?P<options>(?:\+\s*[a-z][a-z_]*\s*)*)",
+    re.ASCII,
 )
 OPTIONS = ("metrics", "detach")
 _TABLE_KEYS = {"mtp", "loss_scale", *OPTIONS}
@@ -79,11 +97,13 @@ def _value(raw: object, source: str, key: str) -> _Value:
     ``{mtp, loss_scale, metrics, detach}`` table."""
     where = f"{source}: key {key!r}"
     if isinstance(raw, Mapping):
-        unknown = sorted(set(raw) - _TABLE_KEYS)
-        if unknown or "mtp" not in raw or not isinstance(raw["mtp"], str) or "+" in raw["mtp"]:
+        unknown = set(raw) - _TABLE_KEYS
+        mtp = raw.get("mtp")
+        if unknown or not isinstance(mtp, str) or mtp.strip().lower() not in VALUES:
             raise PolicyError(
                 f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
-                "'run', 'skip' or 'auto'), 'loss_scale', 'metrics' and 'detach', e.g. "
+                "'run', 'skip' or 'auto', with no weight or option in it), 'loss_scale', "
+                "'metrics' and 'detach', e.g. "
                 '{mtp = "run", loss_scale = 0.3, metrics = true, detach = true}'
             )
         value = _value(raw["mtp"], source, key).value
@@ -96,10 +116,12 @@ def _value(raw: object, source: str, key: str) -> _Value:
         scale = raw.get("loss_scale")
         weight = None if scale is None else check_loss_scale(scale, where, value)
         return _Value(value, weight, bool(flags["metrics"]), flags["detach"])
-    text = raw.strip().lower() if isinstance(raw, str) else raw
-    if not isinstance(text, str):
+    if not isinstance(raw, str):
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
-    text, *options = (part.strip() for part in text.split("+"))
+    match = _GRAMMAR.fullmatch(raw.lower())
+    if match is None:
+        raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
+    options = [o.strip() for o in match["options"].split("+")[1:]]
     for option in options:
         if option not in OPTIONS:
             raise PolicyError(
@@ -108,12 +130,14 @@ def _value(raw: object, source: str, key: str) -> _Value:
             )
         if options.count(option) > 1:
             raise PolicyError(f"{where} has value {raw!r}; give '+{option}' once")
-    weight = None
-    if text.startswith("run:"):
-        text, weight = "run", check_loss_scale(text[4:].strip(), where, "run")
-    named = VALUES.get(text)
+    named = VALUES.get(match["value"])
     if named is None:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
+    weight = None
+    if match["weight"] is not None:
+        if named != "run":
+            raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
+        weight = parse_loss_scale(match["weight"], where)
     metrics, detach = (_check_option(o, o in options or None, where, named) for o in OPTIONS)
     return _Value(named, weight, bool(metrics), detach)
 
@@ -128,7 +152,12 @@ def _check_option(option: str, flag: bool | None, where: str, value: str) -> boo
 
 
 def _key(raw: object, source: str) -> Key:
-    if not isinstance(raw, str) or not raw.strip():
+    if not isinstance(raw, str):
+        raise PolicyError(
+            f"{source}: key {raw!r} is not a string; keys are PHASE or ROLE.PHASE, e.g. 'eval' "
+            "or 'teacher.train'"
+        )
+    if not raw.strip():
         raise PolicyError(
             f"{source}: empty key {raw!r}; keys are PHASE or ROLE.PHASE, e.g. 'eval' or "
             "'teacher.train'"

@@ -47,10 +47,8 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 def _cmd_check_config(args: argparse.Namespace) -> int:
     entries = _policy.load_policy_file(args.file)
     for (role, phase), entry in sorted(entries.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
-        weight = f":{entry.loss_scale:g}" if entry.loss_scale is not None else ""
-        options = "+metrics" * entry.metrics + "+detach" * bool(entry.detach)
         own = " (detach = false: the model's own)" if entry.detach is False else ""
-        print(f"{role + '.' if role else ''}{phase} = {entry.value}{weight}{options}{own}")
+        print(f"{role + '.' if role else ''}{phase} = {_policy.spell(entry)}{own}")
     print(f"{args.file}: valid ({len(entries)} entries)")
     return 0
 

@@ -9,6 +9,7 @@ plugin was configured with; with it, a plugin's vote can be declared :func:`cach
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
@@ -184,8 +185,9 @@ def loss_scale_schedule(
     ``mtp_loss_scale`` hook, with the step the framework gives the plugin.
 
     Raises:
-        PolicyError: No points, a step that is not an int >= 0, or a weight that is not a
-            finite number >= 0.
+        PolicyError: No points, a point's step or ``step`` that is not an int >= 0 (a bool, a
+            float, a string or ``None`` is refused), or a weight that is not a finite number
+            >= 0 (a string is refused).
 
     Example:
         >>> from mtp_hooks.framework import loss_scale_schedule
@@ -202,10 +204,16 @@ def loss_scale_schedule(
         raise PolicyError("loss_scale_schedule: give at least one {step: weight} point")
     table = []
     for at, weight in points.items():
-        if isinstance(at, bool) or not isinstance(at, int) or at < 0:
+        if not _step(at):
             raise PolicyError(f"loss_scale_schedule: step {at!r} is not an int >= 0")
-        table.append((at, check_loss_scale(weight, f"loss_scale_schedule: step {at}")))
+        table.append((int(at), check_loss_scale(weight, f"loss_scale_schedule: step {at}")))
     table.sort()
+    if not _step(step):
+        raise PolicyError(
+            f"loss_scale_schedule: the step {step!r} is not an int >= 0; pass the framework's "
+            "training step (an iteration count)"
+        )
+    step = int(step)
     if step <= table[0][0]:
         return table[0][1]
     for (at, weight), (next_at, next_weight) in zip(table, table[1:], strict=False):
@@ -214,3 +222,8 @@ def loss_scale_schedule(
                 return weight
             return weight + (next_weight - weight) * (step - at) / (next_at - at)
     return table[-1][1]
+
+
+def _step(value: object) -> bool:
+    """An int >= 0 (numpy's and torch's integer scalars too), never a bool, float or string."""
+    return not isinstance(value, bool) and isinstance(value, numbers.Integral) and int(value) >= 0

@@ -1,0 +1,176 @@
+"""The policy grammar, weights, the controller and schedules at their edges: each input is the
+documented parse or a ``PolicyError`` naming the fix, never a silent change."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+import mtp_hooks
+from mtp_hooks import MTPMetrics, PolicyError
+from mtp_hooks._policy import parse_policy
+from mtp_hooks.framework import AcceptanceController, loss_scale_schedule
+
+
+def weight(policy) -> float | None:
+    return parse_policy(policy)[(None, "train")].loss_scale
+
+
+@pytest.mark.parametrize(
+    "table",
+    [
+        {"mtp": "run:0.3"},
+        {"mtp": "run+detach"},
+        {"mtp": "run+metrics", "loss_scale": 0.3},
+        {"mtp": "auto:0.3"},
+    ],
+)
+def test_a_table_whose_mtp_carries_a_weight_or_an_option_is_refused(table):
+    with pytest.raises(PolicyError, match="with no weight or option in it"):
+        parse_policy({"train": table})
+
+
+def test_a_toml_table_whose_mtp_carries_a_weight_is_refused(tmp_path):
+    path = tmp_path / "policy.toml"
+    path.write_text('[policy]\ntrain = { mtp = "run:0.3" }\n')
+    from mtp_hooks._policy import load_policy_file
+
+    with pytest.raises(PolicyError, match="loss_scale"):
+        load_policy_file(path)
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        {"train": {"mtp": "run", 1: True, "x": 2}},
+        {"train": {"mtp": "run", None: 1, (1, 2): 3}},
+        {1: "run", "eval": "skip"},
+        {"roles": {"teacher": {1: "run", "eval": "skip"}}},
+    ],
+)
+def test_a_mapping_with_keys_of_mixed_types_is_a_policy_error(policy):
+    with pytest.raises(PolicyError):
+        parse_policy(policy)
+
+
+@pytest.mark.parametrize("scale", ["0.3", b"0.3", True, None, [0.3], complex(0.3)])
+def test_a_weight_that_is_not_a_number_is_refused_from_plugins_and_tables(scale):
+    class Weigher:
+        @mtp_hooks.hookimpl
+        def mtp_loss_scale(self, model, phase):
+            return scale
+
+    if scale is not None:
+        with pytest.raises(PolicyError, match="not a finite number"):
+            parse_policy({"train": {"mtp": "run", "loss_scale": scale}})
+    mtp_hooks.register(Weigher(), name="weigher")
+    if scale is None:  # abstains
+        assert mtp_hooks.decide(None, "train").loss_scale is None
+        return
+    with pytest.raises(PolicyError, match="weigher"):
+        mtp_hooks.decide(None, "train")
+
+
+def test_weights_given_as_numbers_of_any_real_type_are_taken():
+    import fractions
+
+    assert parse_policy({"train": {"mtp": "run", "loss_scale": fractions.Fraction(3, 10)}})[
+        (None, "train")
+    ].loss_scale == pytest.approx(0.3)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("run:1e+3", 1000.0),
+        ("run:1E-1", 0.1),
+        ("run:.5", 0.5),
+        ("run:2.", 2.0),
+        ("run: 0.3 +metrics", 0.3),
+        ("run:0", 0.0),
+        ("run:0e0", 0.0),
+    ],
+)
+def test_the_weight_grammar_reads_what_the_docs_show(text, expected):
+    assert weight(f"train={text}") == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "run:-0",
+        "run:-0.0",
+        "run:+1",
+        "run:١",
+        "run:1_000",
+        "run:inf",
+        "run:nan",
+        "run:0x10",
+        "run:1e",
+        "run:1e999",
+        "run:",
+        "run:0.3.1",
+        "run:1 000",
+    ],
+)
+def test_every_other_weight_spelling_is_a_policy_error(text):
+    with pytest.raises(PolicyError, match="not a finite number >= 0|allowed values are"):
+        parse_policy(f"train={text}")
+
+
+def test_a_negative_zero_weight_from_a_plugin_becomes_zero():
+    class Weigher:
+        @mtp_hooks.hookimpl
+        def mtp_loss_scale(self, model, phase):
+            return -0.0
+
+    mtp_hooks.register(Weigher(), name="weigher")
+    scale = mtp_hooks.decide(None, "train").loss_scale
+    assert scale == 0.0 and math.copysign(1.0, scale) == 1.0
+
+
+@pytest.mark.parametrize("target", [math.nan, math.inf, -math.inf])
+def test_a_target_that_is_not_finite_is_refused(target):
+    with pytest.raises(PolicyError, match="target must be finite"):
+        AcceptanceController(target=target, below=0.3, above=None)
+
+
+def figures(length: float, tokens: int = 100) -> MTPMetrics:
+    return MTPMetrics(
+        loss=(1.0,),
+        acceptance=(0.5,),
+        tokens=(tokens,),
+        forwards=1,
+        chain_acceptance=(0.5,),
+        accepted_length=length,
+    )
+
+
+def test_a_nan_figure_never_counts_as_reaching_the_target_nor_stays_in_the_window():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=2)
+    assert controller.update(figures(math.nan)) == 0.3  # ignored: the decision stays "below"
+    assert list(controller.history) == [] and controller.value is None
+    controller.update(figures(1.8))
+    assert controller.weight is None
+    controller.update(figures(math.nan), figures(math.inf))
+    assert controller.value == pytest.approx(1.8) and len(controller.history) == 1
+
+
+def test_an_update_without_figures_leaves_the_window_and_the_decision_as_they_were():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=2)
+    controller.update(figures(1.0))
+    controller.update()
+    controller.update(figures(2.0, tokens=0))
+    assert list(controller.history) == [(100.0, 100.0)] and controller.weight == 0.3
+
+
+@pytest.mark.parametrize("step", [math.nan, -1, "5", None, True, 2.0])
+def test_a_schedule_step_that_is_not_an_int_of_at_least_zero_is_refused(step):
+    with pytest.raises(PolicyError, match="is not an int >= 0"):
+        loss_scale_schedule({0: 0.3, 10: 0.1}, step)
+
+
+def test_a_schedule_weight_given_as_a_string_is_refused():
+    with pytest.raises(PolicyError, match="not a finite number"):
+        loss_scale_schedule({0: "0.3"}, 0)
