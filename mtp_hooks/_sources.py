@@ -9,12 +9,13 @@ Sources, highest precedence first:
 
 Sources merge key by key: an entry of a higher source replaces the same (role, phase) entry of a
 lower one. The environment is read at first use and by :func:`reload`; the file's content is
-re-checked at most every ``MTP_HOOKS_CONFIG_POLL`` seconds in a single process, never on its own
-with several ``torch.distributed`` ranks.
+re-checked at most every ``MTP_HOOKS_CONFIG_POLL`` seconds in a single process (``never``: only
+by :func:`reload`), never on its own with several ``torch.distributed`` ranks.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 import time
@@ -46,8 +47,9 @@ class PolicyState:
 
     The environment (``MTP_HOOKS_POLICY``, ``MTP_HOOKS_CONFIG``, ``MTP_HOOKS_TRACE``) is read at
     first use and by :func:`reload`. The file's content is checked for changes at most once per
-    ``MTP_HOOKS_CONFIG_POLL`` seconds (default 1; 0 checks at every decision) in a single
-    process; with several ``torch.distributed`` ranks only :func:`reload` re-reads it.
+    ``MTP_HOOKS_CONFIG_POLL`` seconds (default 1; 0 checks at every decision; ``never`` leaves
+    it to :func:`reload`) in a single process; with several ``torch.distributed`` ranks only
+    :func:`reload` re-reads it.
     """
 
     def __init__(self) -> None:
@@ -102,6 +104,10 @@ class PolicyState:
         self.file_bytes, self.file_entries, self.file_error = content, entries, None
         self.rebuild()
 
+    def polls_file(self) -> bool:
+        """Whether a policy file is re-read on its own, at decisions (single process, polled)."""
+        return self.path is not None and math.isfinite(self.poll) and not _distributed_world()
+
     def rebuild(self) -> None:
         self.merged = {**self.file_entries, **self.env_policy, **self.api}
         _runtime.advance()
@@ -127,12 +133,16 @@ class PolicyState:
 
 def _poll_seconds() -> float:
     raw = os.environ.get(ENV_POLL, "1")
+    if raw.strip().lower() == "never":
+        return math.inf
     try:
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value >= 0:  # also NaN
-        raise PolicyError(f"{ENV_POLL}={raw!r}: expected a number of seconds >= 0, such as 1")
+    if not (value >= 0 and math.isfinite(value)):  # also NaN
+        raise PolicyError(
+            f"{ENV_POLL}={raw!r}: expected a number of seconds >= 0, such as 1, or 'never'"
+        )
     return value
 
 
@@ -149,7 +159,9 @@ def _state() -> PolicyState:
 def _watch(state: PolicyState) -> None:
     """Set the runtime's ``watching`` for ``state``, the policy in force: whether
     :func:`generation` has anything to do (the environment is unread, or a file is watched)."""
-    _runtime.current.watching = not state.loaded or state.path is not None
+    _runtime.current.watching = not state.loaded or (
+        state.path is not None and math.isfinite(state.poll)
+    )
 
 
 def configure(policy: str | Mapping[str, Any] | None) -> None:
@@ -205,6 +217,14 @@ def _swap(state: PolicyState) -> None:
 def lookup(role: str | None, phase: str) -> PolicyEntry | None:
     """Return the config entry for (role, phase): role-scoped first, then the plain phase."""
     return _state().lookup(role, phase)
+
+
+def polls_file() -> bool:
+    """Whether the policy in force re-reads its file on its own, at decisions."""
+    state = _state()
+    if not state.loaded:
+        state.current()
+    return state.polls_file()
 
 
 def tracing() -> bool:

@@ -27,11 +27,12 @@ whose forward megatron never graphs on its own:
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import torch
 
-from .. import _decision, _phases
+from .. import _decision, _phases, _sources
 from .._errors import UnsupportedModelError
 from ..plugins import _registry
 
@@ -143,6 +144,16 @@ def check_full_iteration_policy(model: Any, role: str | None) -> None:
     Raises:
         UnsupportedModelError: Names the phase, what cannot be followed and the fix.
     """
+    if _sources.polls_file():
+        raise UnsupportedModelError(
+            "mtp_hooks: this model uses full-iteration CUDA graphs, which replay megatron's "
+            "training and evaluate() iterations without running any forward hook, but the "
+            f"policy file MTP_HOOKS_CONFIG={os.environ.get('MTP_HOOKS_CONFIG')!r} is "
+            "watched, and is re-read only at forwards: its edits would never reach the "
+            "captured graphs. Set MTP_HOOKS_CONFIG_POLL=never and call mtp_hooks.reload() "
+            "from the training loop after editing the file (it drops the captured graphs), or "
+            "set cuda_graph_impl to 'local', 'transformer_engine' or 'none'."
+        )
     cached_votes = _registry().votes_cacheable()
     for phase in GRAPHED_PHASES:
         decision = _decision.decide_normalized(model, phase, role)[0]

@@ -197,3 +197,36 @@ def test_detach_under_full_iteration_graphs_is_refused(build):
     mtp_hooks.configure("train=run+detach")
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="full_iteration"):
         mtp_hooks.attach(model)
+
+
+def test_a_watched_policy_file_is_refused_at_attach_with_the_way_to_follow_it(
+    build, tmp_path, monkeypatch
+):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[policy]\ntrain = "run"\n')
+    monkeypatch.setenv("MTP_HOOKS_CONFIG", str(policy))
+    mtp_hooks.reload()
+    model = full_graphs(build())
+    config = model.config
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as info:
+        mtp_hooks.attach(model)
+    assert "MTP_HOOKS_CONFIG_POLL=never" in str(info.value) and "reload()" in str(info.value)
+    assert model.config is config and not model._forward_pre_hooks
+
+
+def test_a_policy_file_read_only_by_reload_is_followed_through_reload(
+    build, captured, tmp_path, monkeypatch
+):
+    policy = tmp_path / "policy.toml"
+    policy.write_text('[policy]\ntrain = "run"\neval = "skip"\n')
+    monkeypatch.setenv("MTP_HOOKS_CONFIG", str(policy))
+    monkeypatch.setenv("MTP_HOOKS_CONFIG_POLL", "never")
+    mtp_hooks.reload()
+    model = full_graphs(build())
+    mtp_hooks.attach(model)
+    assert Wrapper.cuda_graph["training"] is not None  # nothing changed yet
+    policy.write_text('[policy]\ntrain = "skip"\neval = "skip"\n')
+    assert mtp_hooks.decide(model, "train").run  # not re-read on its own
+    mtp_hooks.reload()
+    assert not mtp_hooks.decide(model, "train").run
+    assert Wrapper.cuda_graph == {"training": None, "validation": None}
