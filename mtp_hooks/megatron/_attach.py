@@ -61,6 +61,10 @@ class AttachHandle:
         detached MTP (``"detached"``), and the loss weight (``"loss_scale"``) the last weighted
         forward of a phase used.
 
+        They count decisions, taken as each forward starts: a forward that raises or is
+        interrupted after its decision still counts as a run (or skip, or detached run). Count
+        completed steps in your own loop where that difference matters.
+
         Example: ``{"train": {"run": 3, "detached": 3, "loss_scale": 0.3}, "eval": {"skip": 1}}``.
         """
         out: dict[str, dict[str, float]] = {}

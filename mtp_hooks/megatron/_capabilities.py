@@ -67,9 +67,11 @@ def inference_arguments(cls: Any) -> tuple[tuple[str, ...], tuple[int, ...]]:
 def tied_mtp_stage(model: Any) -> bool:
     """An MTP pipeline stage without ``pre_process`` whose output layer ties to the embedding:
     there, turning ``mtp_process`` off switches the logits to another weight. (A standalone MTP
-    stage has no output layer.)"""
+    stage has no output layer, and a standalone layout's loss stage no MTP block, so
+    ``mtp_process`` is off there already.)"""
     return (
-        not getattr(model, "pre_process", True)
+        bool(getattr(model, "mtp_process", False))
+        and not getattr(model, "pre_process", True)
         and getattr(model, "post_process", True)
         and bool(getattr(model, "share_embeddings_and_output_weights", False))
     )

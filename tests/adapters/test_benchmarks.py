@@ -62,36 +62,32 @@ def mtp_runs_without_labels() -> bool:
     return True
 
 
-@pytest.mark.parametrize("pair, ratios", [("run", {"b/a", "a2/a"}), ("skip", {"c/d", "d2/d"})])
-def test_the_ab_benchmark_reports_its_pair_beside_a_control(megatron_cpu, tmp_path, pair, ratios):
-    if pair == "run" and not mtp_runs_without_labels():
-        pytest.skip("the run pair's log-prob forward runs MTP without labels: megatron-core 0.16")
+def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``benchmarks/NAME`` with ``args`` in a fresh process, without this process's
+    mtp-hooks switches and on a port of its own (this process may hold the inherited one);
+    fails the test with its stderr if it fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    env["MASTER_PORT"] = str(tiny_models.free_port())  # this process may hold the inherited one
+    env["MASTER_PORT"] = str(tiny_models.free_port())
     out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gpu_hooks_ab.py"),
-            "--device",
-            "cpu",
-            "--model",
-            "gpt",
-            "--pair",
-            pair,
-            "--rounds",
-            "3",
-            "--warmup",
-            "1",
-            "--out",
-            str(tmp_path),
-            *TINY,
-        ],
+        [sys.executable, str(ROOT / "benchmarks" / name), *args],
         capture_output=True,
         text=True,
         env=env,
         timeout=240,
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+@pytest.mark.parametrize("pair, ratios", [("run", {"b/a", "a2/a"}), ("skip", {"c/d", "d2/d"})])
+def test_the_ab_benchmark_reports_its_pair_beside_a_control(megatron_cpu, tmp_path, pair, ratios):
+    if pair == "run" and not mtp_runs_without_labels():
+        pytest.skip("the run pair's log-prob forward runs MTP without labels: megatron-core 0.16")
+    run_script(
+        "gpu_hooks_ab.py",
+        *["--device", "cpu", "--model", "gpt", "--pair", pair, "--rounds", "3", "--warmup", "1"],
+        *["--out", str(tmp_path), *TINY],
+    )
     suffix = "" if pair == "run" else "_skip"
     result = json.loads((tmp_path / f"gpu_hooks_ab_gpt_local_bf16{suffix}.json").read_text())
     assert set(result["ratios"]) == ratios
@@ -115,29 +111,12 @@ def test_the_rl_drafter_loop_keeps_the_policy_of_a_skip_under_detach_and_reports
 ):
     if not megatron_detaches_mtp():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    env["MASTER_PORT"] = str(tiny_models.free_port())
     tiny = ["--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "128"]
     tiny += ["--phrases", "32", "--seq", "64", "--batch", "4", "--pretrain-steps", "20"]
     tiny += ["--rl-steps", "10", "--every", "5", "--prompts", "2", "--prompt-len", "8"]
-    out = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "benchmarks" / "gpu_rl_drafter.py"),
-            "--device",
-            "cpu",
-            "--gen",
-            "8",
-            "--out",
-            str(tmp_path),
-            *tiny,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=240,
+    out = run_script(
+        "gpu_rl_drafter.py", "--device", "cpu", "--gen", "8", "--out", str(tmp_path), *tiny
     )
-    assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads((tmp_path / "rl_drafter.json").read_text())
     trunks = {arm: data["trunk_vs_A"]["bit_identical"] for arm, data in result["arms"].items()}
     assert trunks == {"A": True, "B": False, "C": True, "D": True}

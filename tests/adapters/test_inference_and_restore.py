@@ -72,6 +72,16 @@ def test_an_exception_inside_forward_restores_the_very_same_gate_objects(build, 
     assert model.mtp_process is mtp_process and model.config is config
 
 
+@pytest.mark.parametrize("policy, counted", [("train=run", "run"), ("train=skip", "skip")])
+def test_stats_count_the_decision_of_a_forward_that_raised(build, batch, policy, counted):
+    model = build()
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure(policy)
+    with pytest.raises(RuntimeError):
+        model(batch.input_ids[:, :3], batch.position_ids, batch.attention_mask, labels=batch.labels)
+    assert handle.stats() == {"train": {counted: 1}}  # as AttachHandle.stats() documents
+
+
 def test_the_forward_after_an_exception_is_normal(build, batch, count_mtp):
     model = build()
     counter = count_mtp(model)

@@ -21,11 +21,17 @@ from mtp_hooks.demo import tiny_models  # noqa: E402
 from model_fixtures import SEQ, VOCAB  # noqa: E402
 
 
-@pytest.fixture
-def stage():
+@pytest.fixture(params=[False, True], ids=["untied", "tied"])
+def stage(request):
     torch.manual_seed(0)
     spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB)
-    model = tiny_models.build_gpt(spec, attention="sdpa", pre_process=False, with_mtp_block=False)
+    model = tiny_models.build_gpt(
+        spec,
+        attention="sdpa",
+        pre_process=False,
+        with_mtp_block=False,
+        share_embeddings=request.param,  # no MTP block here, so no tied-weight hazard either
+    )
     model.config = copy.copy(model.config)
     model.config.mtp_standalone = True
     assert not model.mtp_process and model.config.mtp_num_layers == 1
