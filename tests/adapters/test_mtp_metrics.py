@@ -123,9 +123,7 @@ def test_acceptance_is_one_for_a_head_that_predicts_every_label(
     assert handle.metrics()["eval"].acceptance == (expected,) * DEPTHS
 
 
-def test_a_weighted_mask_weighs_the_loss_but_acceptance_counts_positions(
-    deep, batch, loss_mask
-):
+def test_a_weighted_mask_weighs_the_loss_but_acceptance_counts_positions(deep, batch, loss_mask):
     model = deep()
     set_head_to_predict(model, 7)
     listener = Listener()
