@@ -52,6 +52,9 @@ import time
 from dataclasses import dataclass, field
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from rl_drafter_report import plot, report  # noqa: E402
 
 ARMS = {
     "A": "train=skip,logprob=run+metrics",
@@ -561,21 +564,6 @@ def main(argv=None) -> None:
     except ImportError:
         pass
 
-
-def report(results: dict) -> str:
-    """The goals of the experiment, each with its number (markdown)."""
-    from rl_drafter_report import report as _report
-
-    return _report(results)
-
-
-def plot(results: dict, path: str) -> None:
-    from rl_drafter_report import plot as _plot
-
-    _plot(results, path)
-
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 if __name__ == "__main__":
     main()

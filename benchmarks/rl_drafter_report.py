@@ -16,12 +16,13 @@ import statistics
 DEPTH = 2
 
 
-def engine_length(row: dict, k: int = DEPTH) -> float:
-    return row["engine"][str(k) if str(k) in row["engine"] else k].get("accepted_length", 0.0)
-
-
 def _engine(row: dict, k: int) -> dict:
+    """The figures of drafting ``k`` tokens (keys are ints in memory, strings in JSON)."""
     return row["engine"][str(k) if str(k) in row["engine"] else k]
+
+
+def engine_length(row: dict, k: int = DEPTH) -> float:
+    return _engine(row, k).get("accepted_length", 0.0)
 
 
 def goals(results: dict) -> list[tuple[str, bool | None, str]]:

@@ -104,9 +104,13 @@ class PolicyState:
         self.file_bytes, self.file_entries, self.file_error = content, entries, None
         self.rebuild()
 
+    def watches_file(self) -> bool:
+        """Whether a policy file is set and polled (``MTP_HOOKS_CONFIG_POLL`` is not ``never``)."""
+        return self.path is not None and math.isfinite(self.poll)
+
     def polls_file(self) -> bool:
         """Whether a policy file is re-read on its own, at decisions (single process, polled)."""
-        return self.path is not None and math.isfinite(self.poll) and not _distributed_world()
+        return self.watches_file() and not _distributed_world()
 
     def rebuild(self) -> None:
         self.merged = {**self.file_entries, **self.env_policy, **self.api}
@@ -159,9 +163,7 @@ def _state() -> PolicyState:
 def _watch(state: PolicyState) -> None:
     """Set the runtime's ``watching`` for ``state``, the policy in force: whether
     :func:`generation` has anything to do (the environment is unread, or a file is watched)."""
-    _runtime.current.watching = not state.loaded or (
-        state.path is not None and math.isfinite(state.poll)
-    )
+    _runtime.current.watching = not state.loaded or state.watches_file()
 
 
 def configure(policy: str | Mapping[str, Any] | None) -> None:

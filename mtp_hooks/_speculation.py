@@ -36,9 +36,8 @@ def _count(value: Any, what: str) -> int:
 
 
 def _fraction(value: Any, what: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise PolicyError(f"{what} must be a number in [0, 1], got {value!r}")
-    if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+    number = not isinstance(value, bool) and isinstance(value, numbers.Real)
+    if not (number and math.isfinite(value) and 0.0 <= value <= 1.0):
         raise PolicyError(f"{what} must be a number in [0, 1], got {value!r}")
     return float(value)
 

@@ -33,13 +33,13 @@ def check_loss_scale(raw: object, where: str, value: str = "run") -> float:
     if value != "run":
         raise PolicyError(f"{where}: a loss weight goes with 'run' only, not with {value!r}")
     number = not isinstance(raw, bool) and isinstance(raw, numbers.Real)
-    if not (number and math.isfinite(float(raw)) and float(raw) >= 0):  # type: ignore[arg-type]
+    scale = float(raw) if number else math.nan  # type: ignore[arg-type]
+    if not (math.isfinite(scale) and scale >= 0):
         kind = "" if number else f" (a {type(raw).__name__} is not read as a number)"
         raise PolicyError(
             f"{where}: loss weight {raw!r} is not a finite number >= 0{kind}; write e.g. "
             f"'run:0.3'. {_HINT}"
         )
-    scale = float(raw)  # type: ignore[arg-type]
     return scale + 0.0  # -0.0 -> 0.0
 
 
