@@ -13,6 +13,13 @@ round, in an order that rotates every round:
   ``mtp_hooks.attach`` and ``train=run,rollout=run,eval=run``; ``a2``, ``a`` again.
 * ``--pair skip``: ``d``, the same architecture built without MTP; ``c``, the MTP model with
   every phase ``skip``; ``d2``, ``d`` again.
+* ``--pair change``: what a decision change costs, train steps only. Every case runs an untimed
+  train step and then the timed one; the MTP model stays attached. ``d``: built without MTP;
+  ``s``: skipped in both steps, the policy untouched (the steady state); ``c``: skipped in both,
+  with the policy set again between them (a new decision, the same answer); ``x``: MTP run in
+  the first step and skipped in the timed one (the decision changed); ``d2``: ``d`` again.
+  One round of ``s`` and ``x`` each is also run under ``torch.profiler``, and the operators that
+  take the most host and device time are recorded.
 
 The third case is the control: ``a2/a`` (or ``d2/d``) shows how far two identical cases read
 apart on this machine, which is the resolution of the claim's ratio.
@@ -36,13 +43,21 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from gpu_mtp import add_model_arguments, batch_and_steps, build_models, time_steps  # noqa: E402
+from gpu_mtp import (  # noqa: E402
+    add_model_arguments,
+    batch_and_steps,
+    build_models,
+    time_steps,
+    timed,
+)
 from gpu_mtp_report import TIMINGS  # noqa: E402
 
 PAIRS = {  # the cases of each pair: baseline, measured, control (the baseline again)
     "run": ("a", "b", "a2"),
     "skip": ("d", "c", "d2"),
 }
+CHANGE_CASES = ("d", "s", "c", "x", "d2")
+CHANGE_RATIOS = ("s/d", "c/d", "x/d", "x/s", "d2/d")
 LABELS = {
     "b/a": "(b)/(a) hooks run vs no hooks",
     "a2/a": "(a2)/(a) control: no hooks twice",
@@ -118,6 +133,99 @@ def run(args) -> dict:
     }
 
 
+def run_change(args) -> dict:
+    """The ``--pair change`` cases (module docstring): train steps right after a decision
+    change, against the steady state and the model built without MTP."""
+    import torch
+
+    import mtp_hooks
+
+    mtp, plain = build_models(args, True, False)
+    _, (train_step, _, _) = batch_and_steps(args)
+    handle = mtp_hooks.attach(mtp)  # attached once: only the policy moves between cases
+    mtp_hooks.configure("train=skip")
+
+    def once(case: str, timer=None) -> float:
+        model = plain if case.startswith("d") else mtp
+        if case == "x":
+            mtp_hooks.configure("train=run")
+        model.train()
+        model.zero_grad(set_to_none=True)
+        train_step(model)  # the step before, untimed
+        if case in ("c", "x"):
+            mtp_hooks.configure("train=skip")
+        model.zero_grad(set_to_none=True)
+        if timer is not None:
+            with timer:
+                return timed(lambda: train_step(model))[0]
+        return timed(lambda: train_step(model))[0]
+
+    times: dict[str, list[float]] = {c: [] for c in CHANGE_CASES}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for r in range(args.warmup + args.rounds):
+            shift = r % len(CHANGE_CASES)
+            for case in CHANGE_CASES[shift:] + CHANGE_CASES[:shift]:
+                ms = once(case)
+                if r >= args.warmup:
+                    times[case].append(ms)
+        profiles = {}
+        if torch.cuda.is_available():
+            from torch.profiler import ProfilerActivity, profile
+
+            for case in ("s", "x"):
+                prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                once(case, prof)
+                averages = prof.key_averages()
+                profiles[case] = {
+                    "host": averages.table(sort_by="self_cpu_time_total", row_limit=12),
+                    "device": averages.table(sort_by="self_device_time_total", row_limit=12),
+                    "events": len(averages),
+                }
+    stats = handle.stats()["train"]  # what the gate decided: x's first steps are the runs
+    handle.remove()
+    ratios = {}
+    for name in CHANGE_RATIOS:
+        x, y = name.split("/")
+        within = [p / q for p, q in zip(times[x], times[y], strict=True)]
+        low, high = interval(within)
+        ratios[name] = {"median": statistics.median(within), "low": low, "high": high}
+    return {
+        "benchmark": "gpu_hooks_ab",
+        "pair": "change",
+        "model": args.model,
+        "spec": args.spec,
+        "fp8": args.fp8,
+        "sizes": {k: getattr(args, k) for k in ("hidden", "layers", "ffn", "vocab", "seq")},
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "megatron_core": importlib.metadata.version("megatron-core"),
+        "rounds": args.rounds,
+        "warmup": args.warmup,
+        "medians_ms": {c: statistics.median(v) for c, v in times.items()},
+        "ratios": ratios,
+        "decisions": stats,
+        "profiles": profiles,
+    }
+
+
+def change_table(result: dict) -> str:
+    lines = [
+        f"**{result['model']}**, {result['spec']} spec, {result['fp8'] or 'bf16'}, "
+        f"{result['gpu']}, train steps, median of {result['rounds']} rounds (95% interval)",
+        "",
+        "| case | median ms |",
+        "|---|---|",
+        *(f"| {c} | {ms:.3f} |" for c, ms in result["medians_ms"].items()),
+        "",
+        "| ratio | median (95% interval) |",
+        "|---|---|",
+    ]
+    for name, v in result["ratios"].items():
+        lines.append(f"| {name} | {v['median']:.4f} ({v['low']:.4f}-{v['high']:.4f}) |")
+    return "\n".join(lines)
+
+
 def table(result: dict) -> str:
     lines = [
         f"**{result['model']}**, {result['spec']} spec, {result['fp8'] or 'bf16'}, "
@@ -135,14 +243,17 @@ def table(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser)
-    parser.add_argument("--pair", choices=sorted(PAIRS), default="run")
+    parser.add_argument("--pair", choices=[*sorted(PAIRS), "change"], default="run")
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--out", default=None, help="folder for the results JSON")
     args = parser.parse_args()
-    result = run(args)
+    result = run_change(args) if args.pair == "change" else run(args)
     print(json.dumps(result))
-    print(table(result))
+    print(change_table(result) if args.pair == "change" else table(result))
+    for case, tables in result.get("profiles", {}).items():
+        print(f"\nprofile of case {case}, by host time:\n{tables['host']}")
+        print(f"profile of case {case}, by device time:\n{tables['device']}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         suffix = "" if args.pair == "run" else f"_{args.pair}"

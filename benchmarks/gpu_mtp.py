@@ -166,6 +166,8 @@ def run(args) -> dict:
     import mtp_hooks
 
     mtp_model, plain_model = build_models(args, True, False)
+    if "mtp_detach_heads" in type(mtp_model.config).__dataclass_fields__:  # case f detaches
+        mtp_hooks.clip_mtp_apart(mtp_model)
     params = {
         "mtp_model_params": sum(p.numel() for p in mtp_model.parameters()),
         "mtp_params": sum(p.numel() for p in mtp_model.mtp.parameters()),

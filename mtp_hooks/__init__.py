@@ -30,7 +30,15 @@ from .hookspecs import hookimpl, hookspec  # noqa: F401  (kept importable, not a
 from .plugins import get_plugin_manager, list_plugins, register, unregister  # noqa: F401
 
 if TYPE_CHECKING:
-    from .megatron import AttachHandle, attach, auto_attach, detach, freeze_mtp, freeze_trunk
+    from .megatron import (
+        AttachHandle,
+        attach,
+        auto_attach,
+        clip_mtp_apart,
+        detach,
+        freeze_mtp,
+        freeze_trunk,
+    )
 
 # What the package advertises (``from mtp_hooks import *``, the docs). ``reset`` (for tests),
 # ``hookspec`` and ``get_plugin_manager`` (for plugin authors: mtp_hooks.hookspecs and
@@ -51,6 +59,7 @@ __all__ = [
     "UnsupportedModelError",
     "attach",
     "auto_attach",
+    "clip_mtp_apart",
     "configure",
     "current_phase",
     "decide",
@@ -69,7 +78,15 @@ __all__ = [
     "unregister",
 ]
 
-_MEGATRON_NAMES = {"AttachHandle", "attach", "auto_attach", "detach", "freeze_mtp", "freeze_trunk"}
+_MEGATRON_NAMES = {
+    "AttachHandle",
+    "attach",
+    "auto_attach",
+    "clip_mtp_apart",
+    "detach",
+    "freeze_mtp",
+    "freeze_trunk",
+}
 
 
 def __getattr__(name: str) -> Any:

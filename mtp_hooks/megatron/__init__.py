@@ -6,9 +6,17 @@ model is attached.
 
 from __future__ import annotations
 
-from ._attach import AttachHandle, attach, detach, freeze_mtp, freeze_trunk
+from ._attach import AttachHandle, attach, clip_mtp_apart, detach, freeze_mtp, freeze_trunk
 
-__all__ = ["AttachHandle", "attach", "auto_attach", "detach", "freeze_mtp", "freeze_trunk"]
+__all__ = [
+    "AttachHandle",
+    "attach",
+    "auto_attach",
+    "clip_mtp_apart",
+    "detach",
+    "freeze_mtp",
+    "freeze_trunk",
+]
 
 
 def auto_attach(enabled: bool = True) -> None:

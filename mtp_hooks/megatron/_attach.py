@@ -272,3 +272,40 @@ def freeze_trunk(model: Any) -> list[str]:
     models, wrappers = capabilities.unwrap(model)
     frozen: list[str] = distributed.freeze_trunk_parameters(models, wrappers)
     return frozen
+
+
+def clip_mtp_apart(model: Any) -> list[str]:
+    """Have megatron's optimizer clip the MTP weights' gradient norm apart from the trunk's.
+
+    Tags every parameter of the MTP block with megatron's MTP gradient-norm group, exactly as
+    megatron tags them when a model is built with ``mtp_detach_heads=True``. Its optimizer then
+    leaves MTP's gradients out of the trunk's norm and clips them by a norm of their own, so a
+    ``+detach`` training step updates the trunk bit for bit as a skipped one does. Without it, a
+    global clip counts MTP's gradients in the trunk's clip coefficient. ``+detach`` is refused on
+    a model whose MTP weights are not tagged.
+
+    Call it on the bare model before wrapping it in DDP and building the optimizer. On a
+    pipeline stage without MTP it tags nothing. Idempotent.
+
+    Returns:
+        The tagged parameter names.
+
+    Raises:
+        UnsupportedModelError: The model is already wrapped in DDP, an MTP parameter already
+            belongs to another group, or this megatron-core's optimizer has no separate groups
+            (before 0.19). Nothing is changed.
+
+    Example:
+        .. code-block:: python
+
+            model = GPTModel(config, spec, vocab, seq, mtp_block_spec=mtp)
+            mtp_hooks.clip_mtp_apart(model)
+            ddp = DistributedDataParallel(config, ddp_config, model)
+            optimizer = get_megatron_optimizer(OptimizerConfig(clip_grad=1.0, ...), [ddp])
+            mtp_hooks.attach(ddp)
+            mtp_hooks.configure("train=run:0.3+detach,eval=skip")
+    """
+    capabilities, distributed, _ = _adapters()
+    models, wrappers = capabilities.unwrap(model)
+    tagged: list[str] = distributed.clip_mtp_apart_parameters(models, wrappers)
+    return tagged

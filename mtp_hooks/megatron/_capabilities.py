@@ -15,6 +15,7 @@ import torch
 from .._errors import UnsupportedModelError
 
 NATIVE_FLAG = "compute_mtp_loss"
+GRAD_NORM_GROUP_ATTR = "grad_norm_group"  # what megatron's optimizer reads off a parameter
 
 
 @functools.lru_cache(maxsize=1)
@@ -114,6 +115,31 @@ def inference_mode_class() -> Any:
     except ImportError:
         return None
     return InferenceMode if hasattr(InferenceMode, "is_active") else None
+
+
+@functools.lru_cache(maxsize=1)
+def mtp_grad_norm_group() -> str | None:
+    """The gradient-norm group megatron's optimizer clips apart from the rest for MTP weights
+    (``'mtp'`` in 0.19, read from ``megatron.core.optimizer.optimizer``), or ``None`` where the
+    optimizer has no separate groups."""
+    try:
+        from megatron.core.optimizer import optimizer
+    except ImportError:
+        return None
+    group = getattr(optimizer, "MTP_GRAD_NORM_GROUP", None)
+    return group if group in getattr(optimizer, "SEPARATE_GRAD_NORM_GROUPS", ()) else None
+
+
+def untagged_mtp_parameters(model: Any, group: str) -> list[str]:
+    """The names of the parameters of ``model.mtp`` outside gradient-norm group ``group``."""
+    block = getattr(model, "mtp", None)
+    if block is None:
+        return []
+    return [
+        f"mtp.{name}"
+        for name, param in block.named_parameters()
+        if getattr(param, GRAD_NORM_GROUP_ATTR, None) != group
+    ]
 
 
 def detach_readers(model: Any) -> tuple[torch.nn.Module, ...]:

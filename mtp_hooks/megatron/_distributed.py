@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .._errors import DecisionMismatchError, UnsupportedModelError
+from . import _capabilities
 from ._capabilities import has_mtp
 
 if TYPE_CHECKING:
@@ -248,6 +249,49 @@ def freeze_trunk_parameters(
     ]
     wrapped = bool(wrappers) or any(hasattr(p, "main_grad") for m in models for p in m.parameters())
     return _freeze("freeze_trunk", "the trunk", params, routers, wrapped)
+
+
+def clip_mtp_apart_parameters(
+    models: list[torch.nn.Module], wrappers: list[torch.nn.Module]
+) -> list[str]:
+    """Put every parameter of each model's MTP block in megatron's MTP gradient-norm group, as
+    megatron tags them when a model is built with ``mtp_detach_heads=True``.
+
+    Refuses, changing nothing, where this megatron-core's optimizer has no such group, where
+    the model is already wrapped in DDP (an optimizer may already have copied the parameters'
+    tags), and where a parameter already belongs to another group.
+    """
+    group = _capabilities.mtp_grad_norm_group()
+    if group is None:
+        raise UnsupportedModelError(
+            "mtp_hooks.clip_mtp_apart: this megatron-core's optimizer has no separate "
+            "gradient-norm groups (megatron.core.optimizer.optimizer.SEPARATE_GRAD_NORM_GROUPS "
+            "came in megatron-core 0.19), so it always clips MTP's gradients together with the "
+            "trunk's. Upgrade megatron-core, or clip the trunk's and MTP's gradients apart in "
+            "your own optimizer step."
+        )
+    params = [(f"mtp.{n}", p) for m in models if has_mtp(m) for n, p in m.mtp.named_parameters()]
+    wrapped = any(hasattr(p, "main_grad") for _, p in params) or any(
+        isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers
+    )
+    if wrapped or megatron_ddps(wrappers):
+        raise UnsupportedModelError(
+            "mtp_hooks.clip_mtp_apart must be called before the model is wrapped in DDP: "
+            "megatron's optimizer copies each parameter's gradient-norm group when it is built "
+            "over the wrapped model, and a tag set after that is not seen. Call it on the bare "
+            "GPTModel/HybridModel, then wrap it and build the optimizer."
+        )
+    attr = _capabilities.GRAD_NORM_GROUP_ATTR
+    others = [(n, g) for n, p in params if (g := getattr(p, attr, None)) not in (None, group)]
+    if others:
+        listed = ", ".join(f"{n} ({g!r})" for n, g in others[:3])
+        raise UnsupportedModelError(
+            f"mtp_hooks.clip_mtp_apart: MTP parameters already belong to another gradient-norm "
+            f"group: {listed}. Remove that tag first, or leave the grouping to it."
+        )
+    for _, param in params:
+        setattr(param, attr, group)
+    return [name for name, _ in params]
 
 
 def _freeze(

@@ -148,10 +148,11 @@ class GateState:
         if decision.run and decision.loss_scale is not None:
             changes.append(("mtp_loss_scaling_factor", decision.loss_scale))
         if decision.run and decision.detach:
-            if self.detach_refusal is not None:
+            refusal = self.detach_refusal or _refusals.clipping_refusal(module)
+            if refusal is not None:
                 by = decision.detach_by
                 by = "the policy config" if by == "config" else f"plugin {by}"
-                _refusals.refuse_detach(str(phase), by, self.detach_refusal)
+                _refusals.refuse_detach(str(phase), by, refusal)
             changes.append(("mtp_detach_heads", True))
         counters = self._counters(phase)
         entry = Entry(
@@ -180,6 +181,8 @@ class GateState:
             _refusals.check_ep_overlap_policy(module, role)
         if self.detach_refusal is not None:
             _refusals.check_detach_policy(role, self.detach_refusal)
+        else:
+            _refusals.check_detach_clipping(module, role)
         if self.standalone:
             _refusals.check_standalone_policy(role)
 

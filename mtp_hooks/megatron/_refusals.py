@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import UnsupportedModelError
+from . import _capabilities
 
 
 def refuse_tied_stage_skip() -> None:
@@ -114,3 +115,30 @@ def check_detach_policy(role: str | None, refusal: str) -> None:
 def refuse_detach(phase: str, by: str | None, refusal: str) -> None:
     """``+detach`` for ``phase`` (asked by ``by``) on a model where ``refusal`` says why not."""
     raise UnsupportedModelError(f"mtp_hooks: {by} asks to detach MTP in {phase}, but {refusal}.")
+
+
+def clipping_refusal(model: Any) -> str | None:
+    """Why ``+detach`` would not leave the trunk's update that of a skip (``None``: it would):
+    MTP weights outside megatron's MTP gradient-norm group, so a global clip counts them."""
+    group = _capabilities.mtp_grad_norm_group()
+    if group is None:  # no groups: the optimizer cannot be told, and +detach is refused anyway
+        return None
+    untagged = _capabilities.untagged_mtp_parameters(model, group)
+    if not untagged:
+        return None
+    return (
+        f"its MTP weights ({untagged[0]} and {len(untagged) - 1} more) are not in megatron's "
+        f"{group!r} gradient-norm group, so a global gradient clip (megatron's optimizer clips "
+        "at clip_grad=1.0 unless told otherwise) would count MTP's gradients in the trunk's "
+        "clip coefficient and change the policy's update. Call mtp_hooks.clip_mtp_apart(model) "
+        "on the bare model before wrapping it in DDP, building the optimizer and attaching it "
+        "(a model built with mtp_detach_heads=True is tagged already)"
+    )
+
+
+def check_detach_clipping(model: Any, role: str | None) -> None:
+    """Refuse now a policy config that detaches MTP in some phase of a model whose MTP weights
+    a global clip would mix with the trunk's."""
+    names = _configured_with(role, "detach")
+    if names and (refusal := clipping_refusal(model)) is not None:
+        refuse_detach(names[0], "the policy config", refusal)

@@ -97,6 +97,23 @@ def test_the_ab_benchmark_reports_its_pair_beside_a_control(megatron_cpu, tmp_pa
             assert 0 < r["low"] <= r["median"] <= r["high"]
 
 
+def test_the_change_pair_times_a_skip_right_after_a_decision_change_beside_the_steady_state(
+    megatron_cpu, tmp_path
+):
+    run_script(
+        "gpu_hooks_ab.py",
+        *["--device", "cpu", "--model", "gpt", "--pair", "change", "--rounds", "3"],
+        *["--warmup", "1", "--out", str(tmp_path), *TINY],
+    )
+    result = json.loads((tmp_path / "gpu_hooks_ab_gpt_local_bf16_change.json").read_text())
+    assert set(result["ratios"]) == {"s/d", "c/d", "x/d", "x/s", "d2/d"}
+    assert set(result["medians_ms"]) == {"d", "s", "c", "x", "d2"}
+    # per round: x runs MTP in its untimed step; s and c skip twice, x once in its timed step
+    assert result["decisions"] == {"run": 4, "skip": 4 * 5}
+    for r in result["ratios"].values():
+        assert 0 < r["low"] <= r["median"] <= r["high"]
+
+
 def megatron_detaches_mtp() -> bool:
     """Whether this megatron-core has ``mtp_detach_heads`` (0.19 on), which ``+detach`` needs."""
     import dataclasses

@@ -34,6 +34,26 @@ def configs(model) -> list:
     return [m.config for m in (model, model.mtp, *model.mtp.layers)]
 
 
+@pytest.fixture
+def build(build):
+    """The models of ``model_fixtures.build``, with their MTP weights clipped apart as
+    ``+detach`` requires (where this megatron-core can)."""
+
+    def make(*args, **kwargs) -> torch.nn.Module:
+        model = build(*args, **kwargs)
+        if has_detach_field():
+            mtp_hooks.clip_mtp_apart(model)
+        return model
+
+    return make
+
+
+def untag(model) -> None:
+    """Take the MTP weights out of megatron's gradient-norm group, as a model is built."""
+    for param in model.mtp.parameters():
+        del param.grad_norm_group
+
+
 @needs_field
 @pytest.mark.parametrize("share_embeddings", [False, True])
 def test_a_detached_forward_gives_the_trunk_exactly_the_gradients_of_a_skipped_one(
@@ -168,6 +188,11 @@ def test_a_deep_copy_taken_inside_a_detached_forward_starts_with_its_own_configs
     hook.remove()
     twin = copies[0]
     assert [type(c).__name__ for c in configs(twin)][1] == "TransformerConfig"
+    # torch deep-copies a parameter's data, not its Python attributes (megatron's tags too):
+    # the copy's optimizer would clip globally, so its detached forward is refused until tagged
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="clip_mtp_apart"):
+        train_step(twin, batch)
+    mtp_hooks.clip_mtp_apart(twin)
     train_step(twin, batch)  # its first forward puts the copied block's own config back
     assert all(c.mtp_detach_heads is False for c in configs(twin))
     assert all(type(c).__name__ == "TransformerConfig" for c in configs(twin))
@@ -228,3 +253,96 @@ def test_detach_configured_after_attach_is_refused_at_the_next_forward(build, ba
     mtp_hooks.configure("train=run")
     train_step(model, batch)
     assert counter.n == 1
+
+
+@needs_field
+def test_detach_is_refused_at_attach_while_the_mtp_weights_share_the_trunks_gradient_clip(
+    build,
+):
+    model = build()
+    untag(model)
+    mtp_hooks.configure("train=run+detach")
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as info:
+        mtp_hooks.attach(model)
+    message = str(info.value)
+    assert "the policy config asks to detach MTP in train" in message
+    assert "'mtp' gradient-norm group" in message and "clip_mtp_apart(model)" in message
+    assert not model._forward_pre_hooks
+    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.attach(model)
+
+
+@needs_field
+def test_detach_asked_after_attach_by_a_plugin_is_refused_before_mtp_runs(build, batch, count_mtp):
+    model = build()
+    untag(model)
+    config, counter = model.config, count_mtp(model)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run")
+    train_step(model, batch)
+
+    class Detacher:
+        @mtp_hooks.hookimpl
+        def mtp_detach_heads(self, model, phase):
+            return True
+
+    mtp_hooks.register(Detacher(), name="detacher")
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="plugin detacher asks to detach"):
+        train_step(model, batch)
+    assert model.config is config and counter.n == 1
+    assert all(c.mtp_detach_heads is False for c in configs(model))
+
+
+@needs_field
+def test_a_model_built_with_mtp_detach_heads_is_already_clipped_apart(build, batch):
+    model = build(mtp_detach_heads=True)
+    untag(model)  # as the fixture found it: megatron's own tags, removed and put back
+    model = build(mtp_detach_heads=True)
+    assert {p.grad_norm_group for p in model.mtp.parameters()} == {"mtp"}
+    mtp_hooks.configure("train=run+detach")
+    mtp_hooks.attach(model)
+    train_step(model, batch)
+
+
+@needs_field
+def test_clip_mtp_apart_tags_exactly_the_mtp_block_and_is_idempotent(build):
+    model = build()
+    untag(model)
+    names = mtp_hooks.clip_mtp_apart(model)
+    assert names == [f"mtp.{n}" for n, _ in model.mtp.named_parameters()]
+    assert mtp_hooks.clip_mtp_apart(model) == names
+    grouped = {n for n, p in model.named_parameters() if hasattr(p, "grad_norm_group")}
+    assert grouped == set(names) and not any(n.startswith("embedding") for n in grouped)
+
+
+@needs_field
+def test_clip_mtp_apart_is_refused_after_the_ddp_wrap_and_changes_nothing(build):
+    model = build()
+    untag(model)
+    for param in model.parameters():  # what megatron's DDP gives every parameter it buckets
+        param.main_grad = torch.zeros_like(param)
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="before the model is wrapped"):
+        mtp_hooks.clip_mtp_apart(model)
+    assert not any(hasattr(p, "grad_norm_group") for p in model.parameters())
+
+
+@needs_field
+def test_clip_mtp_apart_leaves_a_parameter_of_another_group_and_everything_else_alone(build):
+    model = build()
+    untag(model)
+    first = next(model.mtp.parameters())
+    first.grad_norm_group = "experts"
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match=r"mtp\.\S+ \('experts'\)"):
+        mtp_hooks.clip_mtp_apart(model)
+    assert [getattr(p, "grad_norm_group", None) for p in model.mtp.parameters()][:2] == [
+        "experts",
+        None,
+    ]
+
+
+@pytest.mark.skipif(has_detach_field(), reason="this megatron-core has gradient-norm groups")
+def test_clip_mtp_apart_is_refused_where_the_optimizer_has_no_separate_groups(build):
+    model = build()
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="SEPARATE_GRAD_NORM_GROUPS"):
+        mtp_hooks.clip_mtp_apart(model)
+    assert not any(hasattr(p, "grad_norm_group") for p in model.parameters())

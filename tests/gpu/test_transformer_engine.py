@@ -301,6 +301,7 @@ def test_a_loss_weight_scales_the_mtp_gradients_of_te_modules(kind):
 @pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
 def test_a_detached_mtp_forward_leaves_the_trunk_gradients_of_a_skip_on_te_modules(kind, recipe):
     model = build(kind, recipe=recipe)
+    mtp_hooks.clip_mtp_apart(model)
     mtp_hooks.attach(model)
     ids, pos, labels = batch()
     model.train()

@@ -1,0 +1,166 @@
+"""``+detach`` under megatron's own optimizer with gradient clipping, on a GPU.
+
+megatron's optimizer computes gradient norms with CUDA allocations, so this runs only where CUDA
+is. A GPTModel with MTP is wrapped in megatron's ``DistributedDataParallel`` and trained for a
+few optimizer steps through ``get_forward_backward_func()`` with a clip small enough that every
+step clips. With the MTP weights clipped apart (``mtp_hooks.clip_mtp_apart``), a detached
+training step leaves the trunk bit for bit where a skipped one does, and so does megatron's own
+``mtp_detach_heads=True``. The control shows the clip is what matters: the same built flag with
+its tags removed moves the trunk elsewhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("megatron.core")
+
+import mtp_hooks  # noqa: E402
+from mtp_hooks.demo import tiny_models  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+STEPS, MICROBATCHES, SEQ, MBS, VOCAB = 4, 2, 128, 2, 1024
+CLIP = 0.05  # below every step's gradient norm here, so every step clips
+
+
+@pytest.fixture(scope="module")
+def megatron_gpu():
+    tiny_models.init_single_process(port=tiny_models.free_port())
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    if "mtp_detach_heads" not in TransformerConfig.__dataclass_fields__:
+        pytest.skip("+detach needs megatron-core 0.19 (mtp_detach_heads)")
+    yield
+
+
+@pytest.fixture(autouse=True)
+def tracker(megatron_gpu):
+    tiny_models.reset_mtp_loss_tracker(device="cuda")
+
+
+def train(policy: str, optimizer_kind: str, *, tag: bool, built_detach: bool = False) -> dict:
+    """Train STEPS steps under ``policy``; return the trunk and MTP weights after, and the
+    trunk's gradient norm of each step (before clipping)."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    distributed = optimizer_kind == "distributed"
+    spec = tiny_models.TinySpec(
+        hidden_size=256,
+        num_layers=2,
+        num_attention_heads=8,
+        vocab_size=VOCAB,
+        seq_length=SEQ,
+        extra={"mtp_detach_heads": True} if built_detach else {},
+    )
+    torch.manual_seed(0)
+    model = tiny_models.build_gpt(spec, attention="local").cuda()
+    if tag:
+        mtp_hooks.clip_mtp_apart(model)
+    else:
+        for param in model.mtp.parameters():  # megatron's own tags of a built flag, removed
+            if hasattr(param, "grad_norm_group"):
+                del param.grad_norm_group
+    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=distributed)
+    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
+    optimizer = get_megatron_optimizer(
+        OptimizerConfig(
+            optimizer="adam",
+            lr=1e-3,
+            weight_decay=0.0,
+            clip_grad=CLIP,
+            use_distributed_optimizer=distributed,
+        ),
+        [ddp],
+    )
+    model.config.no_sync_func = ddp.no_sync
+    model.config.finalize_model_grads_func = finalize_model_grads
+    handle = mtp_hooks.attach(ddp)
+    mtp_hooks.configure(policy)
+
+    g = torch.Generator(device="cuda").manual_seed(1)
+    ids = torch.randint(0, VOCAB, (STEPS * MICROBATCHES, MBS, SEQ), device="cuda", generator=g)
+    pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(MBS, -1)
+
+    def forward_step(data_iterator, model):
+        batch = next(data_iterator)
+        output = model(batch, pos, None, labels=torch.roll(batch, -1, dims=1))
+        return output, lambda out: (out.float().mean(), {})
+
+    norms = []
+    fwd_bwd = get_forward_backward_func()
+    for step in range(STEPS):
+        ddp.zero_grad_buffer()
+        optimizer.zero_grad()
+        fwd_bwd(
+            forward_step_func=forward_step,
+            data_iterator=iter(ids[step * MICROBATCHES : (step + 1) * MICROBATCHES]),
+            model=[ddp],
+            num_microbatches=MICROBATCHES,
+            seq_length=SEQ,
+            micro_batch_size=MBS,
+            forward_only=False,
+        )
+        ok, norm, _ = optimizer.step()
+        assert ok
+        norms.append(float(norm))
+    torch.cuda.synchronize()
+    handle.remove()
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    return {
+        "trunk": {n: w for n, w in weights.items() if not n.startswith("mtp.")},
+        "mtp": {n: w for n, w in weights.items() if n.startswith("mtp.")},
+        "norms": norms,
+    }
+
+
+def same(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.parametrize("optimizer_kind", ["local", "distributed"])
+def test_under_a_clipping_megatron_optimizer_a_detached_step_moves_the_trunk_as_a_skip_does(
+    optimizer_kind,
+):
+    skipped = train("train=skip", optimizer_kind, tag=True)
+    detached = train("train=run+detach", optimizer_kind, tag=True)
+    undetached = train("train=run", optimizer_kind, tag=True)
+    print(f"{optimizer_kind}: trunk norms skip={skipped['norms']} detach={detached['norms']}")
+    assert all(n > CLIP for n in skipped["norms"])  # every step clipped the trunk
+    assert same(skipped["trunk"], detached["trunk"])
+    assert skipped["norms"] == detached["norms"]
+    assert not same(skipped["mtp"], detached["mtp"])  # and MTP trained
+    assert not same(skipped["trunk"], undetached["trunk"])  # undetached, MTP reaches the trunk
+
+
+@pytest.mark.parametrize("optimizer_kind", ["local", "distributed"])
+def test_megatrons_built_flag_moves_the_trunk_as_a_skip_does_and_only_with_its_tags(
+    optimizer_kind,
+):
+    skipped = train("train=skip", optimizer_kind, tag=True)
+    built = train("train=run", optimizer_kind, tag=True, built_detach=True)
+    untagged = train("train=run", optimizer_kind, tag=False, built_detach=True)
+    assert same(skipped["trunk"], built["trunk"])
+    # the control: the same detached gradients under one global clip move the trunk elsewhere
+    assert not same(skipped["trunk"], untagged["trunk"])
+    assert untagged["norms"][0] > skipped["norms"][0]
+
+
+def test_a_skip_on_an_untagged_model_and_a_tagged_one_agree(capsys):
+    # What the tag changes for a skip: MTP's zero gradients leave or join the trunk's norm.
+    tagged = train("train=skip", "local", tag=True)
+    untagged = train("train=skip", "local", tag=False)
+    with capsys.disabled():
+        identical = same(tagged["trunk"], untagged["trunk"])
+        print(f"skip, tagged against untagged: trunks bit-identical: {identical}")
+    assert tagged["norms"] == pytest.approx(untagged["norms"], rel=1e-6)
