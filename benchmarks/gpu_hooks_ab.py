@@ -17,7 +17,9 @@ round, in an order that rotates every round:
   train step and then the timed one; the MTP model stays attached. ``d``: built without MTP;
   ``s``: skipped in both steps, the policy untouched (the steady state); ``c``: skipped in both,
   with the policy set again between them (a new decision, the same answer); ``x``: MTP run in
-  the first step and skipped in the timed one (the decision changed); ``d2``: ``d`` again.
+  the first step and skipped in the timed one (the decision changed); ``w``: like ``s``, with
+  the first step followed by matrix products that keep the GPU busy about as long as running
+  MTP did in ``x`` (the control for the device's state after heavier work); ``d2``: ``d`` again.
   One round of ``s`` and ``x`` each is also run under ``torch.profiler``, and the operators that
   take the most host and device time are recorded.
 
@@ -56,8 +58,8 @@ PAIRS = {  # the cases of each pair: baseline, measured, control (the baseline a
     "run": ("a", "b", "a2"),
     "skip": ("d", "c", "d2"),
 }
-CHANGE_CASES = ("d", "s", "c", "x", "d2")
-CHANGE_RATIOS = ("s/d", "c/d", "x/d", "x/s", "d2/d")
+CHANGE_CASES = ("d", "s", "c", "x", "w", "d2")
+CHANGE_RATIOS = ("s/d", "c/d", "x/d", "x/s", "w/s", "d2/d")
 LABELS = {
     "b/a": "(b)/(a) hooks run vs no hooks",
     "a2/a": "(a2)/(a) control: no hooks twice",
@@ -143,7 +145,25 @@ def run_change(args) -> dict:
     mtp, plain = build_models(args, True, False)
     _, (train_step, _, _) = batch_and_steps(args)
     handle = mtp_hooks.attach(mtp)  # attached once: only the policy moves between cases
+    cuda = args.device == "cuda"
+    square = torch.randn(
+        (2048, 2048) if cuda else (64, 64),  # a small one for --device cpu smoke runs
+        device=args.device,
+        dtype=torch.bfloat16 if cuda else torch.float32,
+    )
+
+    def burn(count: int) -> None:
+        for _ in range(count):
+            torch.mm(square, square)
+
+    # w's burn: as many products as the run step takes longer than the skipped one
+    mtp.train()
+    mtp_hooks.configure("train=run")
+    ran = statistics.median(timed(lambda: train_step(mtp))[0] for _ in range(3))
     mtp_hooks.configure("train=skip")
+    skipped = statistics.median(timed(lambda: train_step(mtp))[0] for _ in range(3))
+    product = statistics.median(timed(lambda: burn(10))[0] / 10 for _ in range(3))
+    products = max(1, round((ran - skipped) / product))
 
     def once(case: str, timer=None) -> float:
         model = plain if case.startswith("d") else mtp
@@ -152,6 +172,8 @@ def run_change(args) -> dict:
         model.train()
         model.zero_grad(set_to_none=True)
         train_step(model)  # the step before, untimed
+        if case == "w":
+            burn(products)
         if case in ("c", "x"):
             mtp_hooks.configure("train=skip")
         model.zero_grad(set_to_none=True)
@@ -205,6 +227,7 @@ def run_change(args) -> dict:
         "medians_ms": {c: statistics.median(v) for c, v in times.items()},
         "ratios": ratios,
         "decisions": stats,
+        "burn": {"products": products, "run_ms": ran, "skip_ms": skipped, "product_ms": product},
         "profiles": profiles,
     }
 

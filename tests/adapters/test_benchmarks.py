@@ -106,10 +106,12 @@ def test_the_change_pair_times_a_skip_right_after_a_decision_change_beside_the_s
         *["--warmup", "1", "--out", str(tmp_path), *TINY],
     )
     result = json.loads((tmp_path / "gpu_hooks_ab_gpt_local_bf16_change.json").read_text())
-    assert set(result["ratios"]) == {"s/d", "c/d", "x/d", "x/s", "d2/d"}
-    assert set(result["medians_ms"]) == {"d", "s", "c", "x", "d2"}
-    # per round: x runs MTP in its untimed step; s and c skip twice, x once in its timed step
-    assert result["decisions"] == {"run": 4, "skip": 4 * 5}
+    assert set(result["ratios"]) == {"s/d", "c/d", "x/d", "x/s", "w/s", "d2/d"}
+    assert set(result["medians_ms"]) == {"d", "s", "c", "x", "w", "d2"}
+    # per round: x runs MTP in its untimed step; s, c and w skip twice, x once in its timed
+    # step; and three calibration steps each way
+    assert result["decisions"] == {"run": 4 + 3, "skip": 4 * 7 + 3}
+    assert result["burn"]["products"] >= 1
     for r in result["ratios"].values():
         assert 0 < r["low"] <= r["median"] <= r["high"]
 
