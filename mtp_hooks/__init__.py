@@ -22,6 +22,7 @@ from ._errors import (
     UnknownPluginError,
     UnsupportedModelError,
 )
+from ._loss_masks import mtp_loss_mask
 from ._metrics import MTPMetrics
 from ._phases import Phase, PhaseLike, current_phase, declare_phase, phase
 from ._roles import role_of, set_role
@@ -70,6 +71,7 @@ __all__ = [
     "freeze_trunk",
     "hookimpl",
     "list_plugins",
+    "mtp_loss_mask",
     "phase",
     "register",
     "reload",

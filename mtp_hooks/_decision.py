@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from . import _phases, _roles, _runtime, _sources
+from . import _phases, _policy, _roles, _runtime, _sources
 from ._errors import PolicyConflictError
 from .plugins import _registry
 
@@ -51,6 +51,11 @@ class Decision:
             weights (``+detach``, or plugins' ``mtp_detach_heads``); ``False``: the model's own
             ``mtp_detach_heads``.
         detach_by: Who set ``detach``: ``"config"`` or the plugins' names, else ``None``.
+        mask: ``"labels"`` when the policy config keeps this forward's MTP loss off positions
+            whose label is ``ignore_index`` (``+mask:labels``), else ``None``.
+        ignore_index: The label that ``mask="labels"`` leaves out.
+        plugin_masks: Whether plugins' ``mtp_loss_mask`` answers apply (the config's
+            ``plugin_masks = false`` turns them off).
     """
 
     run: bool
@@ -65,6 +70,9 @@ class Decision:
     metrics: bool = False
     detach: bool = False
     detach_by: str | None = None
+    mask: str | None = None
+    ignore_index: int = _policy.IGNORE_INDEX
+    plugin_masks: bool = True
 
     @property
     def decided_by(self) -> str:
@@ -195,6 +203,14 @@ def decide_normalized(
         elif _registry().implements("mtp_detach_heads"):
             decision = _with_plugin_detach(decision, model, phase, role)
             cacheable = False  # an answer may follow the drafter's acceptance
+        if entry is not None and (entry.mask is not None or entry.plugin_masks is False):
+            ignore = _policy.IGNORE_INDEX if entry.ignore_index is None else entry.ignore_index
+            decision = replace(
+                decision,
+                mask=entry.mask,
+                ignore_index=ignore,
+                plugin_masks=entry.plugin_masks is not False,
+            )
     if cacheable and shared:
         memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:
@@ -212,6 +228,15 @@ def decide_normalized(
             " metrics=on" if decision.metrics else "",
             f" detach=on ({decision.detach_by})" if decision.detach else "",
         )
+        if decision.mask is not None or not decision.plugin_masks:
+            logger.info(
+                "mtp_hooks decision: phase=%s role=%s mask=%s ignore_index=%s plugin_masks=%s",
+                phase,
+                role,
+                decision.mask,
+                decision.ignore_index,
+                "on" if decision.plugin_masks else "off",
+            )
     return decision, cacheable
 
 
@@ -251,4 +276,15 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
                 "detach: MTP trains on detached trunk outputs, embeddings and output weight "
                 f"(from {decision.detach_by})"
             )
+        if decision.run:
+            masks = []
+            if decision.mask == "labels":
+                masks.append(f"labels other than {decision.ignore_index} (from config)")
+            plugins = _registry().implementers("mtp_loss_mask")  # asked at the forward
+            if decision.plugin_masks and plugins:
+                masks.append("plugins " + ", ".join(plugins))
+            elif plugins:
+                masks.append("plugins' masks off (from config)")
+            if masks:
+                lines.append("MTP loss mask: " + "; ".join(masks) + ", with the caller's loss_mask")
     return "\n".join(lines)

@@ -104,8 +104,8 @@ class PluginRegistry:
             raise PluginLoadError(
                 f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not define: "
                 f"{exc}. Known hooks: should_run_mtp, mtp_loss_scale, mtp_detach_heads, "
-                "mtp_metrics, declare_phases. Fix the name, or disable the plugin with "
-                f"{ENV_DISABLE}={name}."
+                "mtp_loss_mask, mtp_metrics, declare_phases. Fix the name, or disable the "
+                f"plugin with {ENV_DISABLE}={name}."
             ) from exc
 
     # -- registration ------------------------------------------------------------------------
@@ -194,6 +194,15 @@ class PluginRegistry:
         answers = self._answers("mtp_detach_heads", model, phase)
         return [(n, a) for n, a in answers if _check_vote(n, "mtp_detach_heads", a) is not None]
 
+    def loss_masks(self, model: Any, phase: Any, **tensors: Any) -> list[tuple[str, Any]]:
+        """Call ``mtp_loss_mask`` on every plugin with ``tensors`` (``loss_mask``, ``labels``,
+        ``input_ids``); return ``(plugin name, mask)`` for each plugin that gave one."""
+        answers = [
+            (i.plugin_name, _call(i, "mtp_loss_mask", model=model, phase=phase, **tensors))
+            for i in self.pm.hook.mtp_loss_mask.get_hookimpls()
+        ]
+        return [(name, mask) for name, mask in answers if mask is not None]
+
     def _answers(self, hook: str, model: Any, phase: Any) -> list[tuple[str, Any]]:
         impls = getattr(self.pm.hook, hook).get_hookimpls()
         return [(i.plugin_name, _call(i, hook, model=model, phase=phase)) for i in impls]
@@ -207,6 +216,10 @@ class PluginRegistry:
     def implements(self, hook: str) -> bool:
         """Whether any registered plugin implements ``hook``."""
         return bool(getattr(self.pm.hook, hook).get_hookimpls())
+
+    def implementers(self, hook: str) -> list[str]:
+        """The names of the registered plugins that implement ``hook``, sorted."""
+        return sorted(i.plugin_name for i in getattr(self.pm.hook, hook).get_hookimpls())
 
     def report_metrics(self, model: Any, phase: Any, metrics: Any) -> None:
         """Call ``mtp_metrics`` on every plugin that implements it."""

@@ -3,15 +3,13 @@
 The sources themselves, and when they are read, are in :mod:`mtp_hooks._sources`. Values are
 ``run``, ``skip`` and ``auto`` (no opinion: the plugins decide); ``run:WEIGHT`` also sets the MTP
 loss weight. Options follow ``run`` or ``auto`` in any order: ``+metrics`` records MTP quality
-metrics, ``+detach`` trains MTP without its gradient reaching the trunk
-(``run:0.3+detach+metrics``).
+metrics, ``+detach`` trains MTP without its gradient reaching the trunk, ``+mask:labels`` keeps
+the MTP loss off positions whose label is the ignore index (``run:0.3+detach+mask:labels``).
 """
 
 from __future__ import annotations
 
-import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,13 +18,6 @@ from . import _phases
 from ._errors import PolicyError
 from ._weights import check_loss_scale, parse_loss_scale
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover - exercised only on Python 3.10
-    import tomli as tomllib
-
-
-ENV_CONFIG = "MTP_HOOKS_CONFIG"
 PolicyValue = Literal["run", "skip", "auto"]
 VALUES: dict[str, PolicyValue] = {"run": "run", "skip": "skip", "auto": "auto"}
 
@@ -48,6 +39,12 @@ class PolicyEntry:
             outputs, embeddings and output weight, so its loss trains only the MTP weights;
             ``False`` (TOML ``detach = false``): the model's own ``mtp_detach_heads``, whatever
             plugins say; ``None``: not set here, plugins may decide.
+        mask: ``"labels"`` (``run+mask:labels``, TOML ``mask = "labels"``): the MTP loss also
+            leaves out positions whose label is ``ignore_index``; ``None``: no mask of its own.
+        ignore_index: The label that ``mask = "labels"`` leaves out (TOML ``ignore_index``;
+            ``None``: -100, as in torch's cross-entropy).
+        plugin_masks: ``False`` (TOML ``plugin_masks = false``): plugins' ``mtp_loss_mask``
+            answers are not asked for; ``None``: they are.
     """
 
     value: PolicyValue
@@ -55,31 +52,40 @@ class PolicyEntry:
     loss_scale: float | None = None
     metrics: bool = False
     detach: bool | None = None
+    mask: str | None = None
+    ignore_index: int | None = None
+    plugin_masks: bool | None = None
 
 
 def spell(entry: PolicyEntry) -> str:
     """``entry`` in the compact grammar (``run:0.3+metrics+detach``), which parses back to it.
 
-    The weight is written as Python's shortest round-trip ``repr``. ``detach = false`` (the
-    model's own setting, a TOML-only choice) has no compact spelling and is left out.
+    The weight is written as Python's shortest round-trip ``repr``. The TOML-only choices
+    (``detach = false``, the model's own setting; ``ignore_index``; ``plugin_masks = false``)
+    have no compact spelling and are left out.
     """
     weight = "" if entry.loss_scale is None else f":{entry.loss_scale!r}"
-    return f"{entry.value}{weight}" + "+metrics" * entry.metrics + "+detach" * bool(entry.detach)
+    mask = "" if entry.mask is None else f"+mask:{entry.mask}"
+    return (
+        f"{entry.value}{weight}" + "+metrics" * entry.metrics + "+detach" * bool(entry.detach)
+    ) + mask
 
 
 _ALLOWED = (
     "'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the run/auto forms "
-    "optionally followed by '+metrics' and '+detach', in any order"
+    "optionally followed by '+metrics', '+detach' and '+mask:labels', in any order"
 )
 # VALUE[:WEIGHT](+OPTION)*, spaces allowed around ':' and '+'. An option starts with a letter,
 # so the '+' of an exponent (run:1e+3) is part of the weight.
 _GRAMMAR = re.compile(
     r"\s*(?P<value>[a-z]+)\s*(?::\s*(?P<weight>[^+\s]*(?:[eE]\+[^+\s]*)?)\s*)?"
-    r"(?P<options>(?:\+\s*[a-z][a-z_]*\s*)*)",
+    r"(?P<options>(?:\+\s*[a-z][a-z_]*(?:\s*:\s*[a-z_]+)?\s*)*)",
     re.ASCII,
 )
 OPTIONS = ("metrics", "detach")
-_TABLE_KEYS = {"mtp", "loss_scale", *OPTIONS}
+MASKS = ("labels",)  # the mask sources of '+mask:SOURCE' (TOML mask = "SOURCE")
+IGNORE_INDEX = -100  # torch's cross-entropy default, and what megatron's datasets write
+_TABLE_KEYS = {"mtp", "loss_scale", *OPTIONS, "mask", "ignore_index", "plugin_masks"}
 
 
 @dataclass(frozen=True)
@@ -90,6 +96,23 @@ class _Value:
     loss_scale: float | None = None
     metrics: bool = False
     detach: bool | None = None
+    mask: str | None = None
+    ignore_index: int | None = None
+    plugin_masks: bool | None = None
+
+
+def _mask(raw: object, where: str, value: str) -> str | None:
+    """A mask source (``+mask:labels``, TOML ``mask = "labels"``), checked."""
+    if raw is None:
+        return None
+    if not isinstance(raw, str) or raw.strip().lower() not in MASKS:
+        raise PolicyError(
+            f"{where}: unknown MTP loss mask source {raw!r}; the sources are "
+            + ", ".join(repr(m) for m in MASKS)
+            + " ('+mask:labels': leave out positions whose label is the ignore index)"
+        )
+    _check_option(f"mask:{raw.strip().lower()}", True, where, value)
+    return raw.strip().lower()
 
 
 def _value(raw: object, source: str, key: str) -> _Value:
@@ -103,8 +126,8 @@ def _value(raw: object, source: str, key: str) -> _Value:
             raise PolicyError(
                 f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
                 "'run', 'skip' or 'auto', with no weight or option in it), 'loss_scale', "
-                "'metrics' and 'detach', e.g. "
-                '{mtp = "run", loss_scale = 0.3, metrics = true, detach = true}'
+                "'metrics', 'detach', 'mask', 'ignore_index' and 'plugin_masks', e.g. "
+                '{mtp = "run", loss_scale = 0.3, metrics = true, detach = true, mask = "labels"}'
             )
         value = _value(raw["mtp"], source, key).value
         flags = {}
@@ -115,21 +138,36 @@ def _value(raw: object, source: str, key: str) -> _Value:
             flags[option] = _check_option(option, flag, where, value)
         scale = raw.get("loss_scale")
         weight = None if scale is None else check_loss_scale(scale, where, value)
-        return _Value(value, weight, bool(flags["metrics"]), flags["detach"])
+        ignore = raw.get("ignore_index")
+        if ignore is not None and (isinstance(ignore, bool) or not isinstance(ignore, int)):
+            raise PolicyError(f"{where}: 'ignore_index' is an integer label, not {ignore!r}")
+        mask = _mask(raw.get("mask"), where, value)
+        if ignore is not None and mask != "labels":
+            raise PolicyError(
+                f"{where}: 'ignore_index' is the label that mask = \"labels\" leaves out; "
+                "add mask = \"labels\", or drop 'ignore_index'"
+            )
+        plugin_masks = raw.get("plugin_masks")
+        if plugin_masks is not None and not isinstance(plugin_masks, bool):
+            raise PolicyError(f"{where}: 'plugin_masks' is true or false, not {plugin_masks!r}")
+        return _Value(
+            value, weight, bool(flags["metrics"]), flags["detach"], mask, ignore, plugin_masks
+        )
     if not isinstance(raw, str):
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
     match = _GRAMMAR.fullmatch(raw.lower())
     if match is None:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
-    options = [o.strip() for o in match["options"].split("+")[1:]]
-    for option in options:
-        if option not in OPTIONS:
+    options = ["".join(o.split()) for o in match["options"].split("+")[1:]]
+    names = [o.partition(":")[0] for o in options]
+    for option, name in zip(options, names, strict=True):
+        if name not in (*OPTIONS, "mask") or (":" in option) != (name == "mask"):
             raise PolicyError(
                 f"{where} has value {raw!r}; unknown option '+{option}': the '+' options are "
-                "'+metrics' and '+detach'"
+                "'+metrics', '+detach' and '+mask:labels'"
             )
-        if options.count(option) > 1:
-            raise PolicyError(f"{where} has value {raw!r}; give '+{option}' once")
+        if names.count(name) > 1:
+            raise PolicyError(f"{where} has value {raw!r}; give '+{name}' once")
     named = VALUES.get(match["value"])
     if named is None:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
@@ -139,7 +177,9 @@ def _value(raw: object, source: str, key: str) -> _Value:
             raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
         weight = parse_loss_scale(match["weight"], where)
     metrics, detach = (_check_option(o, o in options or None, where, named) for o in OPTIONS)
-    return _Value(named, weight, bool(metrics), detach)
+    given = [o.partition(":")[2] for o in options if o.startswith("mask:")]
+    mask = _mask(given[0], where, named) if given else None
+    return _Value(named, weight, bool(metrics), detach, mask)
 
 
 def _check_option(option: str, flag: bool | None, where: str, value: str) -> bool | None:
@@ -182,7 +222,16 @@ def _add(
 ) -> None:
     if key in entries:
         raise PolicyError(f"{source}: duplicate key {raw_key!r}; give each (role, phase) once")
-    entries[key] = PolicyEntry(value.value, source, value.loss_scale, value.metrics, value.detach)
+    entries[key] = PolicyEntry(
+        value.value,
+        source,
+        value.loss_scale,
+        value.metrics,
+        value.detach,
+        value.mask,
+        value.ignore_index,
+        value.plugin_masks,
+    )
 
 
 def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
@@ -246,46 +295,3 @@ def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dic
         key = _key(raw_key, source)
         _add(entries, key, raw_key.strip(), _value(raw_value, source, raw_key.strip()), source)
     return entries
-
-
-def load_policy_file(path: str | os.PathLike[str]) -> dict[Key, PolicyEntry]:
-    """Read and validate the ``[policy]`` table of a TOML file."""
-    try:
-        with open(path, "rb") as fh:
-            content = fh.read()
-    except OSError as exc:
-        source = f"{ENV_CONFIG} file {os.fspath(path)!r}"
-        raise PolicyError(f"{source}: cannot read it: {exc.strerror or exc}") from exc
-    return parse_file(os.fspath(path), content)
-
-
-def _policy_table(document: dict[str, Any], source: str) -> dict[Key, PolicyEntry]:
-    policy = document.get("policy")
-    if policy is None:
-        raise PolicyError(f'{source}: no [policy] table; add one with PHASE = "run"|"skip"')
-    if not isinstance(policy, dict):
-        raise PolicyError(
-            f"{source}: key 'policy' must be a table ([policy]), got {type(policy).__name__}"
-        )
-    return parse_policy(policy, source)
-
-
-def read_bytes(path: str) -> bytes | None:
-    """The file's content, or ``None`` where it cannot be read (``parse_file`` says so)."""
-    try:
-        with open(path, "rb") as fh:
-            return fh.read()
-    except OSError:
-        return None
-
-
-def parse_file(path: str, content: bytes | None) -> dict[Key, PolicyEntry]:
-    """Validate the ``[policy]`` table of a TOML file's ``content`` (``None``: unreadable)."""
-    source = f"{ENV_CONFIG} file {path!r}"
-    if content is None:
-        raise PolicyError(f"{source}: cannot read it")
-    try:
-        document = tomllib.loads(content.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise PolicyError(f"{source}: invalid TOML: {exc}") from exc
-    return _policy_table(document, source)

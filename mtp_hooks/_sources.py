@@ -24,7 +24,8 @@ from typing import Any
 
 from . import _env, _runtime
 from ._errors import PolicyError
-from ._policy import ENV_CONFIG, Key, PolicyEntry, parse_file, parse_policy, read_bytes
+from ._policy import Key, PolicyEntry, parse_policy
+from ._policy_file import ENV_CONFIG, parse_file, read_bytes
 
 ENV_POLICY = "MTP_HOOKS_POLICY"
 ENV_POLL = "MTP_HOOKS_CONFIG_POLL"

@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from . import _decision, _policy, _roles, plugins
+from . import _decision, _policy, _policy_file, _roles, plugins
 from ._errors import MTPHooksError
 
 __all__ = ["main"]
@@ -45,9 +45,13 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
-    entries = _policy.load_policy_file(args.file)
+    entries = _policy_file.load_policy_file(args.file)
     for (role, phase), entry in sorted(entries.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
         own = " (detach = false: the model's own)" if entry.detach is False else ""
+        if entry.ignore_index is not None:
+            own += f" (ignore_index = {entry.ignore_index})"
+        if entry.plugin_masks is False:
+            own += " (plugin_masks = false)"
         print(f"{role + '.' if role else ''}{phase} = {_policy.spell(entry)}{own}")
     print(f"{args.file}: valid ({len(entries)} entries)")
     return 0

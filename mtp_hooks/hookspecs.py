@@ -152,6 +152,48 @@ def mtp_detach_heads(model: torch.nn.Module | None, phase: PhaseLike) -> bool | 
 
 
 @hookspec
+def mtp_loss_mask(
+    model: torch.nn.Module,
+    phase: PhaseLike,
+    loss_mask: torch.Tensor | None,
+    labels: torch.Tensor | None,
+    input_ids: torch.Tensor | None,
+) -> torch.Tensor | None:
+    """Give the MTP loss of this forward a mask of its own: which positions MTP trains on.
+
+    Called at each forward of an attached model that runs MTP and has labels to train it on
+    (given, or derived by megatron from ``input_ids``), before the forward changes anything.
+    The answers of all plugins, of enclosing :func:`mtp_hooks.mtp_loss_mask` blocks and the
+    caller's own ``loss_mask`` are multiplied elementwise (an intersection of 0/1 masks), and
+    the product is what megatron's MTP loss weighs its positions by. Only the MTP loss, its
+    gradients and ``+metrics`` see it; the language-model loss and logits do not change.
+
+    Args:
+        model: The Megatron language model about to run.
+        phase: As for :func:`should_run_mtp`.
+        loss_mask: The caller's ``loss_mask`` for this forward, or ``None``.
+        labels: The forward's labels, or ``None`` where megatron derives them from
+            ``input_ids`` (then the mask has the shape of ``input_ids``).
+        input_ids: The forward's token ids.
+
+    Returns:
+        A tensor of weights ``>= 0`` (bool, integer or floating) on the labels' device and of
+        their shape, or ``None`` to abstain. Anything else raises
+        :class:`mtp_hooks.PolicyError` naming the plugin, before the forward runs.
+
+    Example:
+        .. code-block:: python
+
+            from mtp_hooks import hookimpl
+
+            class ResponseOnly:
+                @hookimpl
+                def mtp_loss_mask(self, model, phase, loss_mask, labels, input_ids):
+                    return None if labels is None else labels != -100
+    """
+
+
+@hookspec
 def mtp_metrics(model: torch.nn.Module, phase: PhaseLike, metrics: MTPMetrics) -> None:
     """Receive the MTP loss and top-1 acceptance of one forward that recorded them.
 

@@ -6,7 +6,8 @@ model is attached.
 
 from __future__ import annotations
 
-from ._attach import AttachHandle, attach, clip_mtp_apart, detach, freeze_mtp, freeze_trunk
+from ._attach import attach, clip_mtp_apart, detach, freeze_mtp, freeze_trunk
+from ._handle import AttachHandle
 
 __all__ = [
     "AttachHandle",

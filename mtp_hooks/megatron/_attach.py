@@ -6,121 +6,18 @@ torch and megatron-core are imported when a model is attached, not when this mod
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from .. import _env, _roles
 from .._errors import UnsupportedModelError
-from .._metrics import MTPMetrics
+from ._handle import AttachHandle, _attached
 
 if TYPE_CHECKING:
-    import torch
-
     from ._gate import MTPGate
 
 ENV_VERIFY = "MTP_HOOKS_VERIFY"
-_attached: weakref.WeakKeyDictionary[Any, AttachHandle] = weakref.WeakKeyDictionary()
-
-
-class AttachHandle:
-    """The hooks :func:`attach` installed; remove them with :meth:`remove`.
-
-    The handle refers to its models weakly: dropping a model frees it, hooks and all, even
-    while the handle lives on.
-
-    Attributes:
-        role: The role given at attach time, or ``None``.
-    """
-
-    def __init__(
-        self,
-        models: list[torch.nn.Module],
-        gates: list[MTPGate],
-        role: str | None,
-        prior_roles: list[str | None],
-    ):
-        self._models = [weakref.ref(m) for m in models]
-        self._prior_roles = prior_roles
-        self.gates = gates
-        self.role = role
-
-    @property
-    def models(self) -> list[torch.nn.Module]:
-        """The language models found (with or without MTP on this rank) that are still alive."""
-        return [m for ref in self._models if (m := ref()) is not None]
-
-    @property
-    def gated(self) -> list[torch.nn.Module]:
-        """The subset that carries MTP on this rank and is gated."""
-        return [m for gate in self.gates if (m := gate.model) is not None]
-
-    def stats(self) -> dict[str, dict[str, float]]:
-        """Counts of MTP runs and skips by phase, summed over the gated models, of the runs that
-        detached MTP (``"detached"``), and the loss weight (``"loss_scale"``) the last weighted
-        forward of a phase used.
-
-        They count decisions, taken as each forward starts: a forward that raises or is
-        interrupted after its decision still counts as a run (or skip, or detached run). Count
-        completed steps in your own loop where that difference matters.
-
-        Example: ``{"train": {"run": 3, "detached": 3, "loss_scale": 0.3}, "eval": {"skip": 1}}``.
-        """
-        out: dict[str, dict[str, float]] = {}
-        for gate in self.gates:
-            for phase, counters in gate.counts.items():
-                seen = out.setdefault(str(phase), {})
-                for what, n in zip(("run", "skip", "untouched", "detached"), counters, strict=True):
-                    if n:
-                        seen[what] = seen.get(what, 0) + n
-            for phase, scale in gate.loss_scales.items():
-                out.setdefault(str(phase), {})["loss_scale"] = scale
-        return {phase: seen for phase, seen in sorted(out.items()) if seen}
-
-    def metrics(self, reset: bool = False) -> dict[str, MTPMetrics]:
-        """MTP loss and top-1 acceptance per depth, as running means by phase, over the forwards
-        that recorded them (a ``+metrics`` policy entry, e.g. ``eval=run+metrics``).
-
-        Args:
-            reset: Clear the running means after reading them (e.g. at each log interval).
-
-        Example: ``{"eval": MTPMetrics(loss=(2.31,), acceptance=(0.42,), tokens=(4096,),
-        forwards=8)}``. Reading waits for the device once; recording never does.
-        """
-        from . import _recorder
-
-        recorders = [gate.recorder for gate in self.gates if gate.recorder is not None]
-        return _recorder.running_means(recorders, reset)
-
-    def remove(self) -> None:
-        """Remove every hook and restore each model's role from before :func:`attach`.
-
-        The models are then exactly as before :func:`attach`; a forward of one of them that is
-        running right now (in a plugin, a submodule hook or another thread) restores it when it
-        returns.
-        """
-        for gate in self.gates:
-            gate.remove()
-        for ref, prior in zip(self._models, self._prior_roles, strict=True):
-            model = ref()
-            if model is None:
-                continue
-            if _attached.get(model) is self:
-                del _attached[model]
-            if self.role is not None and _roles.role_of(model) == self.role:
-                _roles.set_role(model, prior)
-        self.gates = []
-
-    def __enter__(self) -> AttachHandle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.remove()
-
-    def __repr__(self) -> str:
-        names = ", ".join(type(m).__name__ for m in self.gated) or "nothing"
-        return f"<AttachHandle gating {names} role={self.role!r}>"
 
 
 def _adapters() -> tuple[ModuleType, ModuleType, type[MTPGate]]:
@@ -247,9 +144,11 @@ def freeze_mtp(model: Any) -> list[str]:
     Raises:
         UnsupportedModelError: The model is already wrapped in DDP.
     """
-    capabilities, distributed, _ = _adapters()
+    capabilities, _, _ = _adapters()
+    from . import _preparation
+
     models, wrappers = capabilities.unwrap(model)
-    frozen: list[str] = distributed.freeze_mtp_parameters(models, wrappers)
+    frozen: list[str] = _preparation.freeze_mtp_parameters(models, wrappers)
     return frozen
 
 
@@ -268,9 +167,11 @@ def freeze_trunk(model: Any) -> list[str]:
         UnsupportedModelError: The model is already wrapped in DDP, has no MTP block, or has
             trunk MoE routers whose expert bias this megatron-core cannot hold still.
     """
-    capabilities, distributed, _ = _adapters()
+    capabilities, _, _ = _adapters()
+    from . import _preparation
+
     models, wrappers = capabilities.unwrap(model)
-    frozen: list[str] = distributed.freeze_trunk_parameters(models, wrappers)
+    frozen: list[str] = _preparation.freeze_trunk_parameters(models, wrappers)
     return frozen
 
 
@@ -305,7 +206,9 @@ def clip_mtp_apart(model: Any) -> list[str]:
             mtp_hooks.attach(ddp)
             mtp_hooks.configure("train=run:0.3+detach,eval=skip")
     """
-    capabilities, distributed, _ = _adapters()
+    capabilities, _, _ = _adapters()
+    from . import _preparation
+
     models, wrappers = capabilities.unwrap(model)
-    tagged: list[str] = distributed.clip_mtp_apart_parameters(models, wrappers)
+    tagged: list[str] = _preparation.clip_mtp_apart_parameters(models, wrappers)
     return tagged

@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from .._errors import UnsupportedModelError
-from . import _attach, _capabilities
+from . import _attach, _capabilities, _handle
 
 _watchers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # model -> handle
 _parents: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
 _wrappers: weakref.WeakSet[Any] = weakref.WeakSet()  # wrappers around a watched model
-_auto_handles: weakref.WeakKeyDictionary[Any, _attach.AttachHandle] = weakref.WeakKeyDictionary()
+_auto_handles: weakref.WeakKeyDictionary[Any, _handle.AttachHandle] = weakref.WeakKeyDictionary()
 _registration: list[Any] = []  # [RemovableHandle] while enabled
 
 

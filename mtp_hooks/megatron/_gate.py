@@ -25,12 +25,12 @@ from typing import Any, Final
 
 import torch
 
-from .. import _phases, _runtime, _sources
-from . import _calls, _capabilities, _recorder, _refusals
+from .. import _loss_masks, _phases, _runtime, _sources
+from . import _calls, _capabilities, _loss_masking, _recorder, _refusals
 from ._config_view import config_view as _config_view
 from ._gate_state import Entry, GateState
 
-_RUN, _SKIP, _UNTOUCHED, _DETACHED = range(4)  # slots of a phase's counters
+_RUN, _SKIP, _UNTOUCHED, _DETACHED = range(4)  # slots of a phase's counters (_handle.COUNTED)
 _get_ident = threading.get_ident
 _threads = threading.local()  # each thread's frame-naming generator (_calls.start_resumer)
 _getframe = sys._getframe
@@ -44,6 +44,7 @@ _grad_enabled = torch.is_grad_enabled
 _explicit_phase = _phases.explicit_phase.get  # the innermost phase() block, or None
 _TRAIN, _EVAL = _phases.Phase.TRAIN, _phases.Phase.EVAL
 _NO_MTP: Final = (("mtp_num_layers", None),)  # the config change of a skip
+_context_masks = _loss_masks.context_masks
 
 
 class MTPGate(GateState):
@@ -120,13 +121,6 @@ class MTPGate(GateState):
         finally:
             lock.release()
 
-    def _repair(self, module: torch.nn.Module) -> None:
-        """Step 1: put back what calls a ``KeyboardInterrupt`` ended left on the model."""
-        with self.lock:
-            interrupted = _calls.prune(self.records, module, None)
-        if interrupted and self.recorder is not None:
-            self.recorder.cancel()  # the metrics request the interrupted call left
-
     def _decide_call(
         self,
         module: torch.nn.Module,
@@ -156,18 +150,25 @@ class MTPGate(GateState):
         else:
             mtp_process, config = module.mtp_process, module.config
         if not (mtp_process and config.mtp_num_layers):  # MTP is off, or on another stage
-            return self._follow_mtp_stage(module, args, kwargs) if self.loss_stage else None
-        phase = _explicit_phase()
-        if phase is None:
-            phase = _TRAIN if module.training and _grad_enabled() else _EVAL
-        entry = self.cache.get(phase)
-        runtime = _runtime.current  # while watching, generation() reads the sources
-        generation = _sources.generation() if runtime.watching else runtime.generation
-        if entry is None or entry.generation != generation or self.checks:
-            entry = self._decide(module, phase)
+            if not self.loss_stage:
+                return None
+            entry = self._follow_mtp_stage(module, args, kwargs)  # never +metrics (refused)
+        else:
+            phase = _explicit_phase()
+            if phase is None:
+                phase = _TRAIN if module.training and _grad_enabled() else _EVAL
+            cached = self.cache.get(phase)
+            runtime = _runtime.current  # while watching, generation() reads the sources
+            generation = _sources.generation() if runtime.watching else runtime.generation
+            if cached is None or cached.generation != generation or self.checks:
+                entry = self._decide(module, phase)
+            else:
+                entry = cached
+        if entry.run and (entry.masks or entry.ignore_index is not None or _context_masks()):
+            _loss_masking.apply(self, module, entry, args, kwargs)  # before +metrics reads it
         if entry.metrics:  # +metrics: ask model.mtp's output to be measured
             self.recorder = self.recorder or _recorder.Recorder(module)
-            self.recorder.request(module, phase, args, kwargs)
+            self.recorder.request(module, entry.phase, args, kwargs)
         return entry
 
     def post_hook(

@@ -18,6 +18,7 @@ from typing import Any, cast
 import torch
 
 from .. import _decision, _phases, _roles, _runtime, _sources
+from ..plugins import _registry
 from . import _calls, _capabilities, _cuda_graphs, _distributed, _recorder, _refusals, _standalone
 from ._config_view import Changes, Views
 
@@ -44,6 +45,10 @@ class Entry:
     """Whether MTP trains on detached inputs (``+detach``)."""
     changes: Changes | None
     """The config fields a call that runs MTP changes (weight, detach), or ``None``."""
+    masks: bool
+    """Whether plugins' ``mtp_loss_mask`` answers are asked for at calls that run MTP."""
+    ignore_index: int | None
+    """The label a ``+mask:labels`` call leaves out of the MTP loss, or ``None``."""
 
 
 class GateState:
@@ -76,7 +81,7 @@ class GateState:
         self.checks = verify or self.local_graphs  # a per-call check: decide at every call
         self.policy_checked = -1  # the generation whose policy was checked against the above
         self.records: list[_calls.CallRecord] = []
-        self.counts: dict[Any, list[int]] = {}  # phase -> [runs, skips, untouched, detached]
+        self.counts: dict[Any, list[int]] = {}  # [runs, skips, untouched, detached, masked]
         self.cache: dict[Any, Entry] = {}  # phase -> _decide's entry
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
         self.recorder: _recorder.Recorder | None = None  # made by the first +metrics decision
@@ -107,6 +112,13 @@ class GateState:
             if model is not None:
                 _calls.prune(self.records, model, None)
         self._finish_removal()
+
+    def _repair(self, module: torch.nn.Module) -> None:
+        """Step 1: put back what calls a ``KeyboardInterrupt`` ended left on the model."""
+        with self.lock:
+            interrupted = _calls.prune(self.records, module, None)
+        if interrupted and self.recorder is not None:
+            self.recorder.cancel()  # the metrics request the interrupted call left
 
     def _finish_removal(self) -> None:
         """Remove both hooks once no call of the model is running (called by removal, and by
@@ -164,6 +176,8 @@ class GateState:
             decision.metrics,
             decision.run and decision.detach,
             tuple(changes) or None,
+            decision.run and decision.plugin_masks and _registry().implements("mtp_loss_mask"),
+            decision.ignore_index if decision.run and decision.mask == "labels" else None,
         )
         if cacheable:
             self.cache[phase] = entry
@@ -208,7 +222,7 @@ class GateState:
     def _counters(self, phase: Any) -> list[int]:
         counters = self.counts.get(phase)
         if counters is None:  # threads deciding a new phase at once must share one list
-            counters = self.counts.setdefault(phase, [0, 0, 0, 0])
+            counters = self.counts.setdefault(phase, [0, 0, 0, 0, 0])
         return counters
 
     def __deepcopy__(self, memo: dict[int, Any]) -> GateState:

@@ -87,6 +87,19 @@ def test_check_config_accepts_a_valid_file(tmp_path):
     assert "teacher.train = skip" in out.stdout and "valid (3 entries)" in out.stdout
 
 
+def test_check_config_shows_every_mask_setting_including_the_toml_only_ones(tmp_path):
+    path = tmp_path / "masks.toml"
+    path.write_text(
+        "[policy]\n"
+        'train = {mtp = "run", mask = "labels", ignore_index = 0, plugin_masks = false}\n'
+        'eval = "run+mask:labels+metrics"\n'
+    )
+    out = cli("check-config", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "eval = run+metrics+mask:labels\n" in out.stdout
+    assert "train = run+mask:labels (ignore_index = 0) (plugin_masks = false)\n" in out.stdout
+
+
 def test_check_config_rejects_an_invalid_file_with_one_line(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[policy]\neval = "sometimes"\n')

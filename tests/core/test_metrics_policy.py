@@ -38,7 +38,7 @@ def test_auto_with_metrics_records_only_when_the_plugins_run_mtp(voter):
     ("policy", "message"),
     [
         ("eval=skip+metrics", r"key 'eval': '\+metrics' needs MTP to run; write 'run\+metrics'"),
-        ("eval=run+stats", r"unknown option '\+stats': the '\+' options are '\+metrics' and"),
+        ("eval=run+stats", r"unknown option '\+stats': the '\+' options are '\+metrics', "),
         ("eval=run+metrics+metrics", r"give '\+metrics' once"),
         ({"eval": {"mtp": "skip", "metrics": True}}, r"'\+metrics' needs MTP to run"),
         ({"eval": {"mtp": "run", "metrics": "yes"}}, "'metrics' is true or false, not 'yes'"),

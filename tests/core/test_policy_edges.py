@@ -4,12 +4,13 @@ documented parse or a ``PolicyError`` naming the fix, never a silent change."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
 import mtp_hooks
 from mtp_hooks import MTPMetrics, PolicyError
-from mtp_hooks._policy import parse_policy
+from mtp_hooks._policy import parse_policy, spell
 from mtp_hooks.framework import AcceptanceController, loss_scale_schedule
 
 
@@ -34,7 +35,7 @@ def test_a_table_whose_mtp_carries_a_weight_or_an_option_is_refused(table):
 def test_a_toml_table_whose_mtp_carries_a_weight_is_refused(tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text('[policy]\ntrain = { mtp = "run:0.3" }\n')
-    from mtp_hooks._policy import load_policy_file
+    from mtp_hooks._policy_file import load_policy_file
 
     with pytest.raises(PolicyError, match="loss_scale"):
         load_policy_file(path)
@@ -174,3 +175,29 @@ def test_a_schedule_step_that_is_not_an_int_of_at_least_zero_is_refused(step):
 def test_a_schedule_weight_given_as_a_string_is_refused():
     with pytest.raises(PolicyError, match="not a finite number"):
         loss_scale_schedule({0: "0.3"}, 0)
+
+
+@pytest.mark.parametrize(
+    "policy, message",
+    [
+        ("train=skip+mask:labels", "'+mask:labels' needs MTP to run"),
+        ("train=run+mask:padding", "unknown MTP loss mask source 'padding'"),
+        ("train=run+mask", "unknown option '+mask'"),
+        ("train=run+metrics:labels", "unknown option '+metrics:labels'"),
+        ("train=run+mask:labels+mask:labels", "give '+mask' once"),
+        ({"train": {"mtp": "run", "ignore_index": -1}}, 'add mask = "labels"'),
+        ({"train": {"mtp": "run", "mask": "labels", "ignore_index": 1.5}}, "integer label"),
+        ({"train": {"mtp": "run", "mask": "labels", "ignore_index": True}}, "integer label"),
+        ({"train": {"mtp": "run", "plugin_masks": "no"}}, "'plugin_masks' is true or false"),
+        ({"train": {"mtp": "run", "mask": ["labels"]}}, "unknown MTP loss mask source"),
+    ],
+)
+def test_a_malformed_mask_setting_is_a_policy_error_naming_it(policy, message):
+    with pytest.raises(mtp_hooks.PolicyError, match=re.escape(message)):
+        parse_policy(policy)
+
+
+def test_mask_labels_spells_back_to_itself_with_any_other_option():
+    for text in ("run+mask:labels", "run:0.3+metrics+detach+mask:labels", "auto+mask:labels"):
+        (entry,) = parse_policy(f"train={text}").values()
+        assert spell(entry) == text and entry.mask == "labels"

@@ -1,0 +1,108 @@
+"""What the MTP loss trains on: per-call masks from plugins and from a context block.
+
+megatron-core hands ``GPTModel.forward``'s ``loss_mask`` to the MTP loss only (and to an
+``output_processor`` when one is given). A gated forward that runs MTP with labels collects the
+masks of this call, from every plugin's ``mtp_loss_mask`` hook and from every enclosing
+:func:`mtp_loss_mask` block, checks them, and passes their elementwise product, times the
+caller's own ``loss_mask``, as that forward's ``loss_mask``. The language-model loss and the
+logits are computed as without it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from ._errors import PolicyError
+
+if TYPE_CHECKING:
+    import torch
+
+_CONTEXT: ContextVar[tuple[torch.Tensor, ...]] = ContextVar("mtp_hooks_loss_masks", default=())
+CONTEXT = "the mtp_hooks.mtp_loss_mask block"
+
+
+@contextlib.contextmanager
+def mtp_loss_mask(mask: torch.Tensor) -> Iterator[None]:
+    """Train MTP only where ``mask`` says, in the forwards of attached models inside the block.
+
+    The mask weighs the MTP loss per position, as megatron's ``loss_mask`` does: 0/1 or weights
+    ``>= 0`` (bool, integer or floating), the shape of the forward's ``labels`` (of its
+    ``input_ids`` where megatron derives the labels from them). It multiplies the caller's
+    ``loss_mask`` and any plugin's ``mtp_loss_mask``; nested blocks multiply too. Only the MTP
+    loss, its gradients and ``+metrics`` see it: the language-model loss and the logits are
+    those of the same call without it. The block is per thread and per asyncio task
+    (``contextvars``). Forwards that skip MTP, or have no labels to train it on, ignore it.
+
+    Args:
+        mask: The per-position weights.
+
+    Raises:
+        PolicyError: ``mask`` is not a tensor, has a dtype other than bool, integer or
+            floating, or holds a weight that is negative or not finite (checked here, which
+            waits for the device once). A shape or device that does not match a forward's
+            labels is refused by that forward, before it changes anything.
+
+    Example:
+        .. code-block:: python
+
+            response_only = (labels != -100) & (advantages > 0).unsqueeze(1)
+            with mtp_hooks.mtp_loss_mask(response_only):
+                loss = model(ids, pos, None, labels=labels)
+    """
+    _check_values(mask, CONTEXT)
+    token = _CONTEXT.set((*_CONTEXT.get(), mask))
+    try:
+        yield
+    finally:
+        _CONTEXT.reset(token)
+
+
+def context_masks() -> tuple[torch.Tensor, ...]:
+    """The masks of the enclosing :func:`mtp_loss_mask` blocks, outermost first."""
+    return _CONTEXT.get()
+
+
+def _check_values(mask: Any, by: str) -> None:
+    import torch
+
+    if not isinstance(mask, torch.Tensor):
+        raise PolicyError(
+            f"{by} gave {type(mask).__name__} as an MTP loss mask; give a tensor of weights "
+            "(bool, integer or floating) the shape of the labels"
+        )
+    if mask.is_complex() or mask.is_quantized:
+        raise PolicyError(
+            f"{by} gave an MTP loss mask of dtype {mask.dtype}; use bool, integer or floating"
+        )
+    if mask.dtype == torch.bool or mask.is_meta:  # a meta mask fails the forward's device check
+        return
+    bad = ~torch.isfinite(mask) | (mask < 0) if mask.is_floating_point() else mask < 0
+    if bool(bad.any()):
+        raise PolicyError(
+            f"{by} gave an MTP loss mask with a negative or non-finite weight (first at index "
+            f"{tuple(int(i) for i in bad.nonzero()[0])}); weights must be finite and >= 0"
+        )
+
+
+def check(mask: Any, by: str, like: torch.Tensor) -> torch.Tensor:
+    """``mask``, checked to weigh the positions of ``like`` (the labels), as float32."""
+    import torch
+
+    if not isinstance(mask, torch.Tensor):
+        _check_values(mask, by)
+    if mask.shape != like.shape:
+        raise PolicyError(
+            f"{by} gave an MTP loss mask of shape {tuple(mask.shape)}; this forward's labels "
+            f"have shape {tuple(like.shape)}"
+        )
+    if mask.device != like.device:
+        raise PolicyError(
+            f"{by} gave an MTP loss mask on {mask.device}; this forward's labels are on "
+            f"{like.device}: move the mask there"
+        )
+    _check_values(mask, by)
+    weights: torch.Tensor = mask.to(torch.float32)
+    return weights

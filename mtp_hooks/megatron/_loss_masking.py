@@ -1,0 +1,88 @@
+"""A forward's own MTP loss mask: collected, checked and handed to megatron as ``loss_mask``.
+
+In megatron-core, ``GPTModel.forward``'s and ``HybridModel.forward``'s keyword ``loss_mask``
+reaches the MTP loss (``process_mtp_loss``, which rolls it with the labels for each depth,
+through packed sequences and context parallelism as it does for the caller's mask), and the
+``output_processor`` when one is given. So a call whose masks are known gets, in its own
+keyword arguments (a dict torch builds for each call), the product of those masks and the
+caller's ``loss_mask``. Nothing on the model changes, so nothing needs restoring; a call that
+is refused raises before its forward starts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .. import _loss_masks
+from .._errors import UnsupportedModelError
+from ..plugins import _registry
+from ._recorder import _derives_labels, _forward_signature
+
+if TYPE_CHECKING:
+    from ._gate_state import Entry, GateState
+
+
+MASKED = 4  # the slot of a phase's counters that counts masked calls (_handle.COUNTED)
+
+
+def apply(
+    gate: GateState,
+    module: torch.nn.Module,
+    entry: Entry,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
+    """Set the ``loss_mask`` of this call of ``gate``'s model, which runs MTP under ``entry``,
+    to the product of its masks: labels other than the entry's ignore index
+    (``+mask:labels``), plugins' answers when the entry asks for them, the enclosing
+    :func:`mtp_hooks.mtp_loss_mask` blocks, and the caller's own; count it as masked.
+
+    Raises:
+        PolicyError: A mask of the wrong type, shape, device or values, naming who gave it.
+        UnsupportedModelError: The call passes an ``output_processor``, which megatron would
+            also hand the mask to, or the model's forward takes no ``loss_mask``.
+    """
+    context = _loss_masks.context_masks()
+    signature = _forward_signature(type(module))
+    named = {k: v for k, v in kwargs.items() if k in signature.parameters}
+    bound = signature.bind_partial(module, *args, **named).arguments
+    labels, input_ids = bound.get("labels"), bound.get("input_ids")
+    like = labels if labels is not None else input_ids if _derives_labels() else None
+    if like is None:  # megatron computes no MTP loss for this forward
+        return
+    caller = kwargs.get("loss_mask")
+    answers: list[tuple[str, Any]] = []
+    ignore = entry.ignore_index
+    if ignore is not None and labels is not None:  # derived labels have no ignore index
+        answers.append(("the policy's +mask:labels", labels != ignore))
+    if entry.masks:
+        given = _registry().loss_masks(
+            module, entry.phase, loss_mask=caller, labels=labels, input_ids=input_ids
+        )
+        answers += [(f"plugin {name!r}", mask) for name, mask in given]
+    answers += [(_loss_masks.CONTEXT, mask) for mask in context]
+    if not answers:
+        return
+    if "loss_mask" not in signature.parameters:
+        raise UnsupportedModelError(
+            f"mtp_hooks: {type(module).__name__}.forward takes no loss_mask in this "
+            "megatron-core, so an MTP loss mask cannot reach the MTP loss. Upgrade "
+            "megatron-core, or drop the mtp_loss_mask plugin or block."
+        )
+    if kwargs.get("output_processor") is not None:
+        raise UnsupportedModelError(
+            "mtp_hooks: this forward passes an output_processor, and megatron hands it the "
+            "forward's loss_mask too, so an MTP loss mask would change what it computes. Apply "
+            "the mask inside your output_processor, or call without one."
+        )
+    masks = [_loss_masks.check(mask, by, like) for by, mask in answers]
+    product = masks[0]
+    for mask in masks[1:]:
+        product = product * mask
+    if caller is not None:
+        product = product * _loss_masks.check(caller, "the caller's loss_mask", like)
+    kwargs["loss_mask"] = product
+    with gate.lock:
+        entry.counters[MASKED] += 1
