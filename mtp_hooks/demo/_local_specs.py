@@ -48,16 +48,26 @@ def sdpa_core_attention() -> type:
             attn_mask_type: Any = None,
             **kwargs: Any,
         ) -> torch.Tensor:
+            packed = kwargs.get("packed_seq_params")
+            thd = query.dim() == 3  # packed sequences: [t, n, d], one batch row of sequences
+            if thd:
+                query, key, value = (t.unsqueeze(1) for t in (query, key, value))
             # [s, b, n, d] -> [b, n, s, d]
             q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
             if k.shape[1] != q.shape[1]:
                 k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
                 v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
+            mask = None
+            if packed is not None:  # causal within each sequence, nothing across them
+                lengths = packed.cu_seqlens_q.diff().to(q.device)
+                which = torch.repeat_interleave(torch.arange(len(lengths)), lengths.long())
+                mask = (which[:, None] == which[None, :]).tril()
             out = torch.nn.functional.scaled_dot_product_attention(
-                q, k, v, is_causal=True, scale=self.softmax_scale
+                q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.softmax_scale
             )
             s, b = query.shape[0], query.shape[1]
-            return out.permute(2, 0, 1, 3).reshape(s, b, -1)
+            out = out.permute(2, 0, 1, 3).reshape(s, b, -1)
+            return out.squeeze(1) if thd else out
 
     return _SDPACoreAttention
 

@@ -130,6 +130,17 @@ def mtp_grad_norm_group() -> str | None:
     return group if group in getattr(optimizer, "SEPARATE_GRAD_NORM_GROUPS", ()) else None
 
 
+@functools.lru_cache(maxsize=1)
+def guards_empty_mtp_masks() -> bool:
+    """Whether this megatron-core's MTP loss survives a mask that leaves a depth no position:
+    ``process_mtp_loss`` (0.18 on) clamps the count it divides by; 0.16 divides by zero."""
+    try:
+        from megatron.core.transformer import multi_token_prediction
+    except ImportError:
+        return False
+    return hasattr(multi_token_prediction, "process_mtp_loss")
+
+
 def untagged_mtp_parameters(model: Any, group: str) -> list[str]:
     """The names of the parameters of ``model.mtp`` outside gradient-norm group ``group``."""
     block = getattr(model, "mtp", None)

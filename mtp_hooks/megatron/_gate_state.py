@@ -199,6 +199,8 @@ class GateState:
             _refusals.check_detach_clipping(module, role)
         if self.standalone:
             _refusals.check_standalone_policy(role)
+        if not _capabilities.guards_empty_mtp_masks():
+            _refusals.check_mask_policy(role)
 
     def _follow_mtp_stage(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]

@@ -18,6 +18,7 @@ import torch
 from .. import _loss_masks
 from .._errors import UnsupportedModelError
 from ..plugins import _registry
+from . import _capabilities
 from ._recorder import _derives_labels, _forward_signature
 
 if TYPE_CHECKING:
@@ -25,6 +26,13 @@ if TYPE_CHECKING:
 
 
 MASKED = 4  # the slot of a phase's counters that counts masked calls (_handle.COUNTED)
+UNGUARDED = (
+    "mtp_hooks: this megatron-core divides each MTP depth's loss by its number of masked-in "
+    "positions without guarding zero (process_mtp_loss, which does, came in megatron-core "
+    "0.18), so a mask that leaves a microbatch no position (an all-prompt batch, or only "
+    "negative advantages) would turn the loss and every gradient into NaN. Upgrade "
+    "megatron-core, or drop the MTP loss mask (+mask, the mtp_loss_mask plugin or block)."
+)
 
 
 def apply(
@@ -65,6 +73,8 @@ def apply(
     answers += [(_loss_masks.CONTEXT, mask) for mask in context]
     if not answers:
         return
+    if not _capabilities.guards_empty_mtp_masks():
+        raise UnsupportedModelError(UNGUARDED)
     if "loss_mask" not in signature.parameters:
         raise UnsupportedModelError(
             f"mtp_hooks: {type(module).__name__}.forward takes no loss_mask in this "

@@ -142,3 +142,12 @@ def check_detach_clipping(model: Any, role: str | None) -> None:
     names = _configured_with(role, "detach")
     if names and (refusal := clipping_refusal(model)) is not None:
         refuse_detach(names[0], "the policy config", refusal)
+
+
+def check_mask_policy(role: str | None) -> None:
+    """Refuse now a policy config that masks the MTP loss (``+mask:labels``) on a megatron-core
+    whose MTP loss divides by an unguarded count (:data:`._loss_masking.UNGUARDED`)."""
+    from ._loss_masking import UNGUARDED
+
+    for name in _configured_with(role, "mask"):
+        raise UnsupportedModelError(f"{UNGUARDED} (the policy config masks it in {name})")

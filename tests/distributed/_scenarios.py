@@ -199,6 +199,40 @@ def metrics_under_tp(rank: int) -> dict:
     }
 
 
+def loss_mask_under_tp(rank: int) -> dict:
+    """TP=2: a block's MTP loss mask gives every rank's shards the gradients of a forward that
+    passes the mask as loss_mask, and leaves the LM loss as it was."""
+    tiny_models.reset_mtp_loss_tracker()
+    ids, pos, mask = _batch()
+    weights = torch.zeros(ids.shape)
+    weights[:, SEQ // 2 :] = 1.0
+    results = []
+    for hooked in (True, False):
+        model, _ = _tp_model()
+        model.train()
+        if hooked:
+            handle = mtp_hooks.attach(model)
+            with mtp_hooks.mtp_loss_mask(weights):
+                loss = model(ids, pos, mask, labels=ids)
+        else:
+            loss = model(ids, pos, mask, labels=ids, loss_mask=weights)
+        loss.sum().backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()}))
+    (hooked_loss, hooked_grads), (plain_loss, plain_grads) = results
+    model, _ = _tp_model()
+    unmasked = model(ids, pos, mask, labels=ids)
+    unmasked.sum().backward()
+    return {
+        "loss_equal": bool(torch.equal(hooked_loss, plain_loss)),
+        "lm_loss_unchanged": bool(torch.equal(hooked_loss, unmasked.detach())),
+        "grads_equal": all(torch.equal(hooked_grads[n], plain_grads[n]) for n in plain_grads),
+        "mask_mattered": any(
+            not torch.equal(plain_grads[n], p.grad) for n, p in model.named_parameters()
+        ),
+        "stats": handle.stats(),
+    }
+
+
 def controller_decisions(rank: int) -> dict:
     """Each rank collects its own eval figures (rank 0 a good drafter, rank 1 a poor one);
     update() reduces them over the data-parallel group, token-weighted, so both ranks decide

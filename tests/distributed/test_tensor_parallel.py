@@ -85,3 +85,16 @@ def test_tp2_metrics_equal_megatrons_own_training_log(tp_metrics):
         assert losses == megatron_loss
         if megatron_acceptance is not None:  # megatron-core 0.17+ logs acceptance
             assert acceptance == megatron_acceptance
+
+
+def test_tp2_a_loss_mask_block_trains_each_shard_as_megatrons_own_loss_mask(tmp_path):
+    from megatron.core.transformer import multi_token_prediction
+
+    if not hasattr(multi_token_prediction, "process_mtp_loss"):
+        pytest.skip("masks are refused where megatron divides by zero (0.16)")
+    results = run_ranks(_scenarios.loss_mask_under_tp, world=2, tp=2, tmp=tmp_path)
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        assert result["grads_equal"] and result["loss_equal"] and result["lm_loss_unchanged"]
+        assert result["mask_mattered"]
+        assert result["stats"] == {"train": {"masked": 1, "run": 1}}
