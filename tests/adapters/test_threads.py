@@ -90,4 +90,4 @@ def test_threads_deciding_a_new_phase_at_once_count_into_one_list(build, batch):
     model.eval()
     with torch.no_grad():
         model(*batch.args(), labels=batch.labels)
-    assert handle.stats() == {"eval": {"run": 1}} and first == [1, 0, 0, 0]
+    assert handle.stats() == {"eval": {"run": 1}} and first == [1, 0, 0, 0, 0]
