@@ -11,6 +11,7 @@ logits are computed as without it.
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
@@ -22,6 +23,10 @@ if TYPE_CHECKING:
 
 _CONTEXT: ContextVar[tuple[torch.Tensor, ...]] = ContextVar("mtp_hooks_loss_masks", default=())
 CONTEXT = "the mtp_hooks.mtp_loss_mask block"
+# How many blocks are open in all threads together: while none is, a forward that runs MTP
+# skips looking up its own context (a list cell, read by index, is the cheapest test there is).
+OPEN = [0]
+_open_lock = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -53,11 +58,15 @@ def mtp_loss_mask(mask: torch.Tensor) -> Iterator[None]:
                 loss = model(ids, pos, None, labels=labels)
     """
     _check_values(mask, CONTEXT)
+    with _open_lock:
+        OPEN[0] += 1
     token = _CONTEXT.set((*_CONTEXT.get(), mask))
     try:
         yield
     finally:
         _CONTEXT.reset(token)
+        with _open_lock:
+            OPEN[0] -= 1
 
 
 def context_masks() -> tuple[torch.Tensor, ...]:

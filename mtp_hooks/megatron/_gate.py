@@ -44,7 +44,7 @@ _grad_enabled = torch.is_grad_enabled
 _explicit_phase = _phases.explicit_phase.get  # the innermost phase() block, or None
 _TRAIN, _EVAL = _phases.Phase.TRAIN, _phases.Phase.EVAL
 _NO_MTP: Final = (("mtp_num_layers", None),)  # the config change of a skip
-_context_masks = _loss_masks.context_masks
+_open_blocks = _loss_masks.OPEN  # the context's masks are looked up only while blocks are open
 
 
 class MTPGate(GateState):
@@ -164,7 +164,7 @@ class MTPGate(GateState):
                 entry = self._decide(module, phase)
             else:
                 entry = cached
-        if entry.run and (entry.masks or entry.ignore_index is not None or _context_masks()):
+        if entry.masking or (_open_blocks[0] and entry.run and _loss_masks.context_masks()):
             _loss_masking.apply(self, module, entry, args, kwargs)  # before +metrics reads it
         if entry.metrics:  # +metrics: ask model.mtp's output to be measured
             self.recorder = self.recorder or _recorder.Recorder(module)

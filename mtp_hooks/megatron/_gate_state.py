@@ -49,6 +49,8 @@ class Entry:
     """Whether plugins' ``mtp_loss_mask`` answers are asked for at calls that run MTP."""
     ignore_index: int | None
     """The label a ``+mask:labels`` call leaves out of the MTP loss, or ``None``."""
+    masking: bool
+    """``masks`` or an ``ignore_index``: the call gets a mask of its own (read per call)."""
 
 
 class GateState:
@@ -167,6 +169,8 @@ class GateState:
                 _refusals.refuse_detach(str(phase), by, refusal)
             changes.append(("mtp_detach_heads", True))
         counters = self._counters(phase)
+        masks = decision.run and decision.plugin_masks and _registry().implements("mtp_loss_mask")
+        ignore = decision.ignore_index if decision.run and decision.mask == "labels" else None
         entry = Entry(
             phase,
             generation,
@@ -176,8 +180,9 @@ class GateState:
             decision.metrics,
             decision.run and decision.detach,
             tuple(changes) or None,
-            decision.run and decision.plugin_masks and _registry().implements("mtp_loss_mask"),
-            decision.ignore_index if decision.run and decision.mask == "labels" else None,
+            masks,
+            ignore,
+            masks or ignore is not None,
         )
         if cacheable:
             self.cache[phase] = entry
@@ -217,7 +222,15 @@ class GateState:
             return entry
         # the MTP stage's decision was other than this stage's: do what it did, plainly
         return dataclasses.replace(
-            entry, run=ran, loss_scale=None, metrics=False, detach=False, changes=None
+            entry,
+            run=ran,
+            loss_scale=None,
+            metrics=False,
+            detach=False,
+            changes=None,
+            masks=False,
+            ignore_index=None,
+            masking=False,
         )
 
     # -- helpers -------------------------------------------------------------------------------
