@@ -77,6 +77,13 @@ def interval(ratios: list[float], resamples: int = 2000) -> tuple[float, float]:
     return medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]
 
 
+def paired_ratio(xs: list[float], ys: list[float]) -> dict[str, float]:
+    """The median of the per-round ratios ``x / y``, with its 95% interval."""
+    within = [p / q for p, q in zip(xs, ys, strict=True)]
+    low, high = interval(within)
+    return {"median": statistics.median(within), "low": low, "high": high}
+
+
 def run(args) -> dict:
     import torch
 
@@ -116,9 +123,7 @@ def run(args) -> dict:
     for x, y in ((measured_case, baseline), (control, baseline)):
         ratios[f"{x}/{y}"] = {}
         for t in TIMINGS:
-            within = [p / q for p, q in zip(times[x][t], times[y][t], strict=True)]
-            low, high = interval(within)
-            ratios[f"{x}/{y}"][t] = {"median": statistics.median(within), "low": low, "high": high}
+            ratios[f"{x}/{y}"][t] = paired_ratio(times[x][t], times[y][t])
     return {
         "benchmark": "gpu_hooks_ab",
         "model": args.model,
@@ -209,9 +214,7 @@ def run_change(args) -> dict:
     ratios = {}
     for name in CHANGE_RATIOS:
         x, y = name.split("/")
-        within = [p / q for p, q in zip(times[x], times[y], strict=True)]
-        low, high = interval(within)
-        ratios[name] = {"median": statistics.median(within), "low": low, "high": high}
+        ratios[name] = paired_ratio(times[x], times[y])
     return {
         "benchmark": "gpu_hooks_ab",
         "pair": "change",

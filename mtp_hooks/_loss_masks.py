@@ -74,7 +74,7 @@ def context_masks() -> tuple[torch.Tensor, ...]:
     return _CONTEXT.get()
 
 
-def _check_values(mask: Any, by: str) -> None:
+def _check_type(mask: Any, by: str) -> None:
     import torch
 
     if not isinstance(mask, torch.Tensor):
@@ -82,6 +82,12 @@ def _check_values(mask: Any, by: str) -> None:
             f"{by} gave {type(mask).__name__} as an MTP loss mask; give a tensor of weights "
             "(bool, integer or floating) the shape of the labels"
         )
+
+
+def _check_values(mask: Any, by: str) -> None:
+    import torch
+
+    _check_type(mask, by)
     if mask.is_complex() or mask.is_quantized:
         raise PolicyError(
             f"{by} gave an MTP loss mask of dtype {mask.dtype}; use bool, integer or floating"
@@ -100,8 +106,7 @@ def check(mask: Any, by: str, like: torch.Tensor) -> torch.Tensor:
     """``mask``, checked to weigh the positions of ``like`` (the labels), as float32."""
     import torch
 
-    if not isinstance(mask, torch.Tensor):
-        _check_values(mask, by)
+    _check_type(mask, by)
     if mask.shape != like.shape:
         raise PolicyError(
             f"{by} gave an MTP loss mask of shape {tuple(mask.shape)}; this forward's labels "

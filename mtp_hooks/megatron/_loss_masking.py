@@ -19,7 +19,7 @@ from .. import _loss_masks
 from .._errors import UnsupportedModelError
 from ..plugins import _registry
 from . import _capabilities
-from ._recorder import _derives_labels, _forward_signature
+from ._recorder import call_arguments, derives_labels, takes_loss_mask
 
 if TYPE_CHECKING:
     from ._gate_state import Entry, GateState
@@ -53,11 +53,9 @@ def apply(
             also hand the mask to, or the model's forward takes no ``loss_mask``.
     """
     context = _loss_masks.context_masks()
-    signature = _forward_signature(type(module))
-    named = {k: v for k, v in kwargs.items() if k in signature.parameters}
-    bound = signature.bind_partial(module, *args, **named).arguments
+    bound = call_arguments(module, args, kwargs)
     labels, input_ids = bound.get("labels"), bound.get("input_ids")
-    like = labels if labels is not None else input_ids if _derives_labels() else None
+    like = labels if labels is not None else input_ids if derives_labels() else None
     if like is None:  # megatron computes no MTP loss for this forward
         return
     caller = kwargs.get("loss_mask")
@@ -75,7 +73,7 @@ def apply(
         return
     if not _capabilities.guards_empty_mtp_masks():
         raise UnsupportedModelError(UNGUARDED)
-    if "loss_mask" not in signature.parameters:
+    if not takes_loss_mask(module):
         raise UnsupportedModelError(
             f"mtp_hooks: {type(module).__name__}.forward takes no loss_mask in this "
             "megatron-core, so an MTP loss mask cannot reach the MTP loss. Upgrade "

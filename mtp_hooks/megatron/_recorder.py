@@ -12,12 +12,13 @@ that record nothing pay nothing: no hook is registered then.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import threading
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from megatron.core.transformer import multi_token_prediction as _mtp
@@ -32,20 +33,36 @@ from ..plugins import _registry
 _LOSS, _CORRECT, _TOKENS, _CHAIN, _CHAIN_POSITIONS, _MASK_SUM = range(6)
 
 
-def _derives_labels() -> bool:
+@functools.lru_cache(maxsize=1)
+def derives_labels() -> bool:
     """Whether this Megatron computes the MTP loss from ``input_ids`` when labels are None."""
     process = getattr(_mtp, "process_mtp_loss", None)
     return process is not None and "input_ids" in inspect.signature(process).parameters
 
 
-def _forward_signature(cls: type) -> inspect.Signature:
+@functools.cache
+def _forward_signature(cls: Any) -> inspect.Signature:
     """The signature of the nearest ``forward`` in ``cls``'s MRO that names ``labels``: a
     subclass's ``forward(*args, flag=..., **kwargs)`` passes its arguments to megatron's."""
     for klass in cls.__mro__:
         forward = klass.__dict__.get("forward")
         if forward is not None and "labels" in inspect.signature(forward).parameters:
             return inspect.signature(forward)
-    return inspect.signature(cls.forward)  # type: ignore[attr-defined]
+    return inspect.signature(cls.forward)
+
+
+def call_arguments(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The named arguments of one call of ``model``'s forward (those the signature names)."""
+    signature = _forward_signature(cast(Any, type(model)))  # a class: hashable
+    named = {k: v for k, v in kwargs.items() if k in signature.parameters}
+    return signature.bind_partial(model, *args, **named).arguments
+
+
+def takes_loss_mask(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward names a ``loss_mask``."""
+    return "loss_mask" in _forward_signature(cast(Any, type(model))).parameters
 
 
 @dataclass
@@ -63,8 +80,7 @@ class Recorder:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = weakref.ref(model)
-        self.signature = _forward_signature(type(model))
-        self.derive = _derives_labels()
+        self.derive = derives_labels()
         self.lock = threading.Lock()
         self.pending: dict[int, _Request] = {}
         self.done: dict[int, tuple[Any, torch.Tensor]] = {}  # thread -> (phase, forward values)
@@ -77,8 +93,7 @@ class Recorder:
         """Ask for this thread's forward of ``model`` (starting now) to be recorded."""
         if not getattr(model, "post_process", True) or getattr(model, "mtp", None) is None:
             return  # no labels or output layer on this pipeline stage
-        named = {k: v for k, v in kwargs.items() if k in self.signature.parameters}
-        bound = self.signature.bind_partial(model, *args, **named).arguments
+        bound = call_arguments(model, args, kwargs)
         labels, input_ids = bound.get("labels"), bound.get("input_ids")
         if labels is None and not (self.derive and input_ids is not None):
             return  # Megatron computes no MTP loss for this forward
