@@ -51,9 +51,10 @@ MATRIX = {  # id: (Python, megatron-core, what runs)
     ),
 }
 # The frameworks the plugin tests run against for real (with megatron-core 0.19.2): veRL without
-# its heavy extras (import verl needs ray, tensordict, transformers, codetiming) and ModelOpt
-# (0.47.0 imports requests and huggingface_hub without declaring them).
-FRAMEWORKS_NO_DEPS = ["verl==0.9.1"]
+# its heavy extras (import verl needs ray, tensordict, transformers, codetiming), ModelOpt
+# (0.47.0 imports requests and huggingface_hub without declaring them), and Megatron-Bridge's
+# files (its package imports Transformer Engine: the tests run its gpt_step functions).
+FRAMEWORKS_NO_DEPS = ["verl==0.9.1", "megatron-bridge==0.3.1"]
 FRAMEWORKS = [
     "ray==2.60.0",
     "tensordict==0.10.0",

@@ -24,6 +24,14 @@ What it does, in one process:
    (D) ``train=auto+detach`` under an :class:`~mtp_hooks.framework.AcceptanceController` fed
    with the engine's own acceptance (:func:`~mtp_hooks.framework.acceptance_from_counts`),
    training MTP only while the drafter is below its target.
+   Two more arms measure what MTP trains on (``--arms P,R``). Their batches are shaped as RL
+   batches are: a prompt from the pretraining language, a response of random length from the
+   new one, then padding (token 0, as frameworks pad with EOS). The policy's loss counts the
+   response only, and MTP is detached so both arms train bit-identical policies. (P) passes no
+   ``loss_mask`` to the model, as Megatron-Bridge's ``gpt_step`` does, so megatron's MTP loss
+   counts every position: prompt, response and padding. (R) makes the same call inside
+   ``mtp_hooks.mtp_loss_mask(response)``, so MTP trains on the response only. Their rollouts
+   start from prompts of the pretraining language, as the batches do.
 5. **Every ``--every`` steps**, on the same prompts for every arm: greedy rollouts in
    ``DynamicInferenceEngine`` drafting 0, 1 and 2 tokens (tokens/s, per-position acceptance,
    accepted length), and the teacher-forced ``+metrics`` of a log-prob forward over the
@@ -61,7 +69,13 @@ ARMS = {
     "B": "train=run,logprob=run+metrics",
     "C": "train=run+detach,logprob=run+metrics",
     "D": "train=auto+detach,logprob=run+metrics",
+    "P": "train=run+detach,logprob=run+metrics",
+    "R": "train=run+detach,logprob=run+metrics",
 }
+# The arms whose batches are prompt + response + padding, and whether MTP's loss is masked to
+# the response (with mtp_hooks.mtp_loss_mask) or counts every position (no loss_mask at all).
+RESPONSE_ONLY = {"P": False, "R": True}
+PAD = 0  # the phrase banks draw tokens from 1 on, so padding is a token of its own
 DEPTH = 2  # MTP layers, and the most tokens the engine drafts
 
 
@@ -215,25 +229,70 @@ class Trainer:
         self.optimizer.load_state_dict(copy.deepcopy(state["opt"]))
 
 
-def train_step(model, trainer: Trainer, ids, device: str) -> float:
-    """One training step under phase ``train``; returns its wall time in ms."""
+def train_step(model, trainer: Trainer, ids, device: str, batch=None) -> float:
+    """One training step under phase ``train``; returns its wall time in ms.
+
+    Without ``batch`` every position but the last counts, for the policy's loss and MTP's
+    alike, through the ``loss_mask`` handed to the model. With an :class:`RLBatch` the policy's
+    loss counts its response; the model gets no ``loss_mask``, and MTP's loss is masked to the
+    response when ``batch.mtp_response_only`` is set.
+    """
+    import contextlib
+
     import torch
 
     import mtp_hooks
 
-    ids = ids.to(device)
+    ids = (ids if batch is None else batch.ids).to(device)
     pos = torch.arange(ids.shape[1], device=device).unsqueeze(0).expand_as(ids)
     labels = torch.roll(ids, -1, dims=1)
-    mask = torch.ones_like(ids, dtype=torch.float32)
-    mask[:, -1] = 0
+    if batch is None:
+        mask = torch.ones_like(ids, dtype=torch.float32)
+        mask[:, -1] = 0
+        kwargs, block = {"loss_mask": mask}, contextlib.nullcontext()
+    else:
+        mask, kwargs = batch.response.to(device), {}
+        block = (
+            mtp_hooks.mtp_loss_mask(mask) if batch.mtp_response_only else contextlib.nullcontext()
+        )
     sync(device)
     start = time.perf_counter()
-    with mtp_hooks.phase("train"):
-        loss = model(ids, pos, None, labels=labels, loss_mask=mask)
+    with mtp_hooks.phase("train"), block:
+        loss = model(ids, pos, None, labels=labels, **kwargs)
         (loss.float() * mask).sum().div(mask.sum()).backward()
     trainer.step()
     sync(device)
     return (time.perf_counter() - start) * 1e3
+
+
+@dataclass
+class RLBatch:
+    """Prompts, responses and padding in one batch (see the module docstring)."""
+
+    ids: object  # [batch, seq] tokens
+    response: object  # [batch, seq] float: 1 where the next token (the label) is a response's
+    mtp_response_only: bool
+
+
+def rl_batch(prompts: PhraseLanguage, responses: PhraseLanguage, args, seed: tuple, only: bool):
+    """A batch of ``prompt-len`` prompt tokens, a response of ``gen // 2`` to ``seq -
+    prompt-len`` tokens and padding to ``seq``; a pure function of ``seed``."""
+    import numpy as np
+    import torch
+
+    rng = np.random.default_rng(list(seed))
+    room = args.seq - args.prompt_len
+    lengths = rng.integers(min(args.gen // 2, room), room + 1, size=args.batch)
+    head = prompts.sample(args.batch, args.prompt_len, (*seed, 0))
+    body = responses.sample(args.batch, room, (*seed, 1))
+    ids = torch.full((args.batch, args.seq), PAD, dtype=torch.long)
+    response = torch.zeros(args.batch, args.seq)
+    ids[:, : args.prompt_len] = head
+    for row, n in enumerate(lengths.tolist()):
+        ids[row, args.prompt_len : args.prompt_len + n] = body[row, :n]
+        # label i is token i + 1: the labels that are response tokens start at the prompt's last
+        response[row, args.prompt_len - 1 : args.prompt_len + n - 1] = 1
+    return RLBatch(ids, response, only)
 
 
 def sync(device: str) -> None:
@@ -494,7 +553,7 @@ def run(args, save=lambda results: None) -> dict:
                     model,
                     handle,
                     engines,
-                    prompts_at(new, args, step),
+                    prompts_at(old if arm in RESPONSE_ONLY else new, args, step),
                     args,
                     batch1=step in (0, args.rl_steps),
                 )
@@ -516,8 +575,13 @@ def run(args, save=lambda results: None) -> dict:
                 print(json.dumps({"arm": arm, **summary_row(row)}), flush=True)
             if step < args.rl_steps:
                 trained += mtp_hooks.decide(model, "train").run
-                ids = new.sample(args.batch, args.seq, (args.seed, 1, step))
-                step_ms.append(train_step(model, trainer, ids, args.device))
+                seed = (args.seed, 1, step)
+                if arm in RESPONSE_ONLY:
+                    batch = rl_batch(old, new, args, seed, RESPONSE_ONLY[arm])
+                    step_ms.append(train_step(model, trainer, None, args.device, batch))
+                else:
+                    ids = new.sample(args.batch, args.seq, seed)
+                    step_ms.append(train_step(model, trainer, ids, args.device))
         trunks[arm] = [t.cpu().clone() for t in trainer.trunk()]
         results["arms"][arm] = {
             "policy": ARMS[arm],
@@ -531,6 +595,9 @@ def run(args, save=lambda results: None) -> dict:
             diff = max(float((a - b).abs().max()) for a, b in zip(trunks["A"], trunk, strict=True))
             same = all(torch.equal(a, b) for a, b in zip(trunks["A"], trunk, strict=True))
             results["arms"][arm]["trunk_vs_A"] = {"bit_identical": same, "max_abs_diff": diff}
+    if "P" in trunks and "R" in trunks:  # the mask arms train the same policy
+        same = all(torch.equal(a, b) for a, b in zip(trunks["P"], trunks["R"], strict=True))
+        results["arms"]["R"]["trunk_vs_P"] = {"bit_identical": same}
     handle.remove()
     return results
 

@@ -84,6 +84,26 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
                 "over A's median: " + ", ".join(f"{a} {c:+.2f}" for a, c in cost.items()),
             )
         )
+    if "P" in arms and "R" in arms:
+        p_rows, r_rows = arms["P"]["rows"], arms["R"]["rows"]
+        ratios = [
+            engine_length(r) / engine_length(p) if engine_length(p) else float("nan")
+            for p, r in zip(p_rows, r_rows, strict=True)
+        ]
+        same = arms["R"].get("trunk_vs_P", {}).get("bit_identical")
+        out.append(
+            (
+                "MTP trained on the response only drafts at least as well as MTP trained on "
+                "prompt, response and padding, at the last measurement",
+                ratios[-1] >= 1.0,
+                f"R/P per measurement {', '.join(f'{r:.3f}' for r in ratios)}; accepted length "
+                f"P {engine_length(p_rows[0]):.3f} -> {engine_length(p_rows[-1]):.3f}, R "
+                f"{engine_length(r_rows[0]):.3f} -> {engine_length(r_rows[-1]):.3f} (teacher-"
+                f"forced at the last: P {p_rows[-1]['teacher_forced']['accepted_length']:.3f}, R "
+                f"{r_rows[-1]['teacher_forced']['accepted_length']:.3f}); the two "
+                f"policies {'bit-identical' if same else 'differ' if same is False else 'n/a'}",
+            )
+        )
     fresh = results["fresh_on_old_data"]
     speedups = {
         batch: _engine(fresh, DEPTH)[key] / _engine(fresh, 0)[key]

@@ -12,16 +12,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Union
 
 from ._errors import PolicyError
 
 if TYPE_CHECKING:
     import torch
 
-_CONTEXT: ContextVar[tuple[torch.Tensor, ...]] = ContextVar("mtp_hooks_loss_masks", default=())
+# A block's mask, or a function that gives each forward's (the arguments of the hook
+# mtp_loss_mask, by keyword) or None to abstain.
+MaskSource = Union["torch.Tensor", Callable[..., Union["torch.Tensor", None]]]
+_CONTEXT: ContextVar[tuple[MaskSource, ...]] = ContextVar("mtp_hooks_loss_masks", default=())
 CONTEXT = "the mtp_hooks.mtp_loss_mask block"
 # How many blocks are open in all threads together: while none is, a forward that runs MTP
 # skips looking up its own context (a list cell, read by index, is the cheapest test there is).
@@ -30,7 +33,7 @@ _open_lock = threading.Lock()
 
 
 @contextlib.contextmanager
-def mtp_loss_mask(mask: torch.Tensor) -> Iterator[None]:
+def mtp_loss_mask(mask: MaskSource) -> Iterator[None]:
     """Train MTP only where ``mask`` says, in the forwards of attached models inside the block.
 
     The mask weighs the MTP loss per position, as megatron's ``loss_mask`` does: 0/1 or weights
@@ -41,14 +44,20 @@ def mtp_loss_mask(mask: torch.Tensor) -> Iterator[None]:
     those of the same call without it. The block is per thread and per asyncio task
     (``contextvars``). Forwards that skip MTP, or have no labels to train it on, ignore it.
 
+    Where the mask is known only inside a framework's step (its batch is pulled after the
+    block opens), give a function instead: each forward that trains MTP calls it with the
+    arguments of the ``mtp_loss_mask`` hook as keywords (``model``, ``phase``, ``loss_mask``,
+    ``labels``, ``input_ids``), and it returns that forward's mask, or ``None`` to abstain.
+
     Args:
-        mask: The per-position weights.
+        mask: The per-position weights, or a function that gives them per forward.
 
     Raises:
-        PolicyError: ``mask`` is not a tensor, has a dtype other than bool, integer or
-            floating, or holds a weight that is negative or not finite (checked here, which
-            waits for the device once). A shape or device that does not match a forward's
-            labels is refused by that forward, before it changes anything.
+        PolicyError: ``mask`` is neither a tensor nor callable, has a dtype other than bool,
+            integer or floating, or holds a weight that is negative or not finite (checked
+            here, which waits for the device once; a function's masks are checked at each
+            forward). A shape or device that does not match a forward's labels is refused by
+            that forward, before it changes anything.
 
     Example:
         .. code-block:: python
@@ -57,7 +66,8 @@ def mtp_loss_mask(mask: torch.Tensor) -> Iterator[None]:
             with mtp_hooks.mtp_loss_mask(response_only):
                 loss = model(ids, pos, None, labels=labels)
     """
-    _check_values(mask, CONTEXT)
+    if not callable(mask):
+        _check_values(mask, CONTEXT)
     with _open_lock:
         OPEN[0] += 1
     token = _CONTEXT.set((*_CONTEXT.get(), mask))
@@ -69,9 +79,18 @@ def mtp_loss_mask(mask: torch.Tensor) -> Iterator[None]:
             OPEN[0] -= 1
 
 
-def context_masks() -> tuple[torch.Tensor, ...]:
-    """The masks of the enclosing :func:`mtp_loss_mask` blocks, outermost first."""
+def context_masks() -> tuple[MaskSource, ...]:
+    """The masks (or mask functions) of the enclosing :func:`mtp_loss_mask` blocks, outermost
+    first."""
     return _CONTEXT.get()
+
+
+def source_name(source: MaskSource) -> str:
+    """Who gave a block's mask, for errors: the block, and its function where it has one."""
+    if not callable(source):
+        return CONTEXT
+    name = getattr(source, "__qualname__", None) or type(source).__qualname__
+    return f"{CONTEXT}'s function {name}"
 
 
 def _check_type(mask: Any, by: str) -> None:
@@ -81,6 +100,7 @@ def _check_type(mask: Any, by: str) -> None:
         raise PolicyError(
             f"{by} gave {type(mask).__name__} as an MTP loss mask; give a tensor of weights "
             "(bool, integer or floating) the shape of the labels"
+            + ("" if by != CONTEXT else ", or a function that returns one per forward")
         )
 
 

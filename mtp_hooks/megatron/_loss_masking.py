@@ -45,7 +45,8 @@ def apply(
     """Set the ``loss_mask`` of this call of ``gate``'s model, which runs MTP under ``entry``,
     to the product of its masks: labels other than the entry's ignore index
     (``+mask:labels``), plugins' answers when the entry asks for them, the enclosing
-    :func:`mtp_hooks.mtp_loss_mask` blocks, and the caller's own; count it as masked.
+    :func:`mtp_hooks.mtp_loss_mask` blocks (calling those given a function), and the caller's
+    own; count it as masked.
 
     Raises:
         PolicyError: A mask of the wrong type, shape, device or values, naming who gave it.
@@ -68,7 +69,19 @@ def apply(
             module, entry.phase, loss_mask=caller, labels=labels, input_ids=input_ids
         )
         answers += [(f"plugin {name!r}", mask) for name, mask in given]
-    answers += [(_loss_masks.CONTEXT, mask) for mask in context]
+    for source in context:
+        if callable(source):  # a mask known only once the framework has its batch
+            mask = source(
+                model=module,
+                phase=entry.phase,
+                loss_mask=caller,
+                labels=labels,
+                input_ids=input_ids,
+            )
+            if mask is not None:
+                answers.append((_loss_masks.source_name(source), mask))
+        else:
+            answers.append((_loss_masks.CONTEXT, source))
     if not answers:
         return
     if not _capabilities.guards_empty_mtp_masks():

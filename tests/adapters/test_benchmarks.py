@@ -143,3 +143,41 @@ def test_the_rl_drafter_loop_keeps_the_policy_of_a_skip_under_detach_and_reports
     assert result["arms"]["A"]["mtp_trained_steps"] == 0
     assert result["arms"]["B"]["mtp_trained_steps"] == 10
     assert "| A, C and D end with bit-identical trunk weights | yes |" in out.stdout
+
+
+def test_an_rl_batch_marks_as_response_exactly_the_labels_that_are_response_tokens():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import gpu_rl_drafter as bench
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    args = bench.parse_args(["--seq", "40", "--batch", "6", "--prompt-len", "8", "--gen", "12"])
+    lang = bench.PhraseLanguage(64, 16, 1)
+    batch = bench.rl_batch(lang, lang, args, (3,), True)
+    labels = torch.roll(batch.ids, -1, dims=1)
+    for row in range(6):
+        n = int((batch.ids[row, 8:] != bench.PAD).sum())  # phrase tokens are never the pad
+        assert 6 <= n <= 32 and bool((batch.ids[row, 8 + n :] == bench.PAD).all())
+        marked = batch.response[row].nonzero().flatten().tolist()
+        assert marked == list(range(7, 7 + n))
+        assert bool((labels[row, marked] != bench.PAD).all())
+    again = bench.rl_batch(lang, lang, args, (3,), False)
+    assert torch.equal(again.ids, batch.ids) and not again.mtp_response_only
+
+
+def test_the_mask_arms_train_one_policy_and_differ_only_in_what_mtp_trains_on(tmp_path):
+    if not megatron_detaches_mtp():
+        pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
+    tiny = ["--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "128"]
+    tiny += ["--phrases", "32", "--seq", "64", "--batch", "4", "--pretrain-steps", "20"]
+    tiny += ["--rl-steps", "10", "--every", "5", "--prompts", "2", "--prompt-len", "8"]
+    out = run_script(
+        "gpu_rl_drafter.py", "--device", "cpu", "--gen", "8", "--arms", "P,R",
+        "--out", str(tmp_path), *tiny,
+    )  # fmt: skip
+    arms = json.loads((tmp_path / "rl_drafter.json").read_text())["arms"]
+    assert arms["R"]["trunk_vs_P"] == {"bit_identical": True}
+    forced = {arm: [row["teacher_forced"] for row in arms[arm]["rows"]] for arm in "PR"}
+    assert forced["P"][0] == forced["R"][0]  # the same pretrained model at the first measurement
+    assert forced["P"][-1]["loss"] != forced["R"][-1]["loss"]  # MTP learnt different tokens
+    assert "| MTP trained on the response only drafts at least as well" in out.stdout

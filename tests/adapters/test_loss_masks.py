@@ -88,6 +88,62 @@ def test_a_mask_block_trains_mtp_exactly_as_passing_it_as_loss_mask(build, batch
     assert torch.equal(loss, expected_loss) and same(grads, expected)
 
 
+def test_a_block_given_a_function_asks_it_at_each_masked_forward_with_the_hooks_arguments(
+    build, batch
+):
+    mask, asked = response_only(batch), []
+
+    def batch_mask(**call):
+        asked.append(call)
+        return mask
+
+    hooked, plain = build(seed=4), build(seed=4)
+    mtp_hooks.attach(hooked)
+    mtp_hooks.configure("eval=skip")
+    with mtp_hooks.mtp_loss_mask(batch_mask):
+        loss, grads = masked_step(hooked, batch)
+        with torch.no_grad():
+            hooked.eval()
+            hooked(*batch.args())  # an eval forward skips MTP: the function is not asked
+    expected_loss, expected = masked_step(plain, batch, loss_mask=mask)
+    assert torch.equal(loss, expected_loss) and same(grads, expected)
+    assert len(asked) == 1 and set(asked[0]) == {
+        "model",
+        "phase",
+        "loss_mask",
+        "labels",
+        "input_ids",
+    }
+    assert asked[0]["model"] is hooked and asked[0]["phase"] == "train"
+    assert asked[0]["labels"] is batch.labels and asked[0]["loss_mask"] is None
+
+
+def test_a_block_function_that_answers_none_leaves_the_forward_unmasked(build, batch):
+    hooked, plain = build(seed=4), build(seed=4)
+    handle = mtp_hooks.attach(hooked)
+    with mtp_hooks.mtp_loss_mask(lambda **call: None):
+        _, grads = masked_step(hooked, batch)
+    _, expected = masked_step(plain, batch)
+    assert same(grads, expected) and "masked" not in handle.stats()["train"]
+
+
+def test_a_bad_mask_from_a_block_function_is_refused_naming_the_function(build, batch, count_mtp):
+    model = build()
+    counter = count_mtp(model)
+    mtp_hooks.attach(model)
+
+    def negative(**call):
+        return -torch.ones_like(call["labels"], dtype=torch.float32)
+
+    with mtp_hooks.mtp_loss_mask(negative):
+        with pytest.raises(mtp_hooks.PolicyError, match="block's function .*negative.* negative"):
+            masked_step(model, batch)
+    with mtp_hooks.mtp_loss_mask(lambda **call: [1, 0]):
+        with pytest.raises(mtp_hooks.PolicyError, match="block's function .*lambda.* gave list"):
+            masked_step(model, batch)
+    assert counter.n == 0
+
+
 def test_plugin_block_and_caller_masks_multiply(build, batch):
     halves = response_only(batch)
     weights = torch.rand(batch.labels.shape, generator=torch.Generator().manual_seed(5))
