@@ -38,6 +38,15 @@ def sdpa_core_attention() -> type:
             heads = config.num_attention_heads
             self.head_dim = config.kv_channels or config.hidden_size // heads
             self.softmax_scale = kwargs.get("softmax_scale") or 1.0 / math.sqrt(self.head_dim)
+            self.cp_group = None
+            if config.context_parallel_size > 1:
+                groups = kwargs.get("pg_collection")
+                if groups is not None and getattr(groups, "cp", None) is not None:
+                    self.cp_group = groups.cp
+                else:
+                    from megatron.core import parallel_state
+
+                    self.cp_group = parallel_state.get_context_parallel_group()
 
         def forward(
             self,
@@ -58,7 +67,14 @@ def sdpa_core_attention() -> type:
                 k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
                 v = v.repeat_interleave(q.shape[1] // v.shape[1], dim=1)
             mask = None
-            if packed is not None:  # causal within each sequence, nothing across them
+            if self.cp_group is not None:
+                if packed is not None:
+                    raise NotImplementedError(
+                        "the demo's SDPA attention takes packed sequences or context "
+                        "parallelism, not both"
+                    )
+                k, v, mask = _gather_context(q, k, v, self.cp_group)
+            elif packed is not None:  # causal within each sequence, nothing across them
                 lengths = packed.cu_seqlens_q.diff().to(q.device)
                 which = torch.repeat_interleave(torch.arange(len(lengths)), lengths.long())
                 mask = (which[:, None] == which[None, :]).tril()
@@ -70,6 +86,35 @@ def sdpa_core_attention() -> type:
             return out.squeeze(1) if thd else out
 
     return _SDPACoreAttention
+
+
+def _gather_context(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: Any
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Every CP rank's keys and values, and the causal mask of this rank's queries over them.
+
+    megatron splits a sequence into ``2 * cp`` chunks and gives rank ``r`` chunks ``r`` and
+    ``2 * cp - 1 - r`` (balancing causal work), so a token's place is known from its rank and
+    index; the gather keeps autograd, so keys' gradients flow back to the ranks they came from.
+    """
+    from torch.distributed.nn.functional import all_gather
+
+    size, rank = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+    chunk = q.shape[2] // 2
+
+    def places(r: int) -> torch.Tensor:
+        return torch.cat(
+            [
+                torch.arange(r * chunk, (r + 1) * chunk),
+                torch.arange((2 * size - 1 - r) * chunk, (2 * size - r) * chunk),
+            ]
+        )
+
+    keys = torch.cat(all_gather(k.contiguous(), group=group), dim=2)  # type: ignore[no-untyped-call]
+    values = torch.cat(all_gather(v.contiguous(), group=group), dim=2)  # type: ignore[no-untyped-call]
+    where = torch.cat([places(r) for r in range(size)]).to(q.device)
+    mask = places(rank).to(q.device)[:, None] >= where[None, :]
+    return keys, values, mask
 
 
 def hybrid_stack_spec(attention: str = "local") -> Any:

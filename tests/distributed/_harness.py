@@ -27,7 +27,7 @@ from cpu_stand_ins import (
 )
 
 
-def init_rank(rank: int, world: int, port: int, tp: int, pp: int = 1) -> None:
+def init_rank(rank: int, world: int, port: int, tp: int, pp: int = 1, cp: int = 1) -> None:
     import torch
     from megatron.core import parallel_state, tensor_parallel
 
@@ -35,7 +35,7 @@ def init_rank(rank: int, world: int, port: int, tp: int, pp: int = 1) -> None:
     os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, context_parallel_size=cp
     )
     tensor_parallel.random.initialize_rng_tracker(inference_rng_tracker=True, force_reset=True)
     install_cpu_memory_buffer()
@@ -45,11 +45,18 @@ def init_rank(rank: int, world: int, port: int, tp: int, pp: int = 1) -> None:
 
 
 def _entry(
-    scenario: Callable[[int], dict], rank: int, world: int, port: int, tp: int, pp: int, out: str
+    scenario: Callable[[int], dict],
+    rank: int,
+    world: int,
+    port: int,
+    tp: int,
+    pp: int,
+    cp: int,
+    out: str,
 ):
     result: dict
     try:
-        init_rank(rank, world, port, tp, pp)
+        init_rank(rank, world, port, tp, pp, cp)
         result = {"ok": True, **scenario(rank)}
     except BaseException as exc:  # reported to the parent test, never swallowed
         result = {
@@ -74,13 +81,14 @@ def run_ranks(
     tmp: Path,
     timeout: float = 120,
     pp: int = 1,
+    cp: int = 1,
 ) -> list[dict]:
-    """Run ``scenario(rank)`` on ``world`` gloo ranks (``tp`` × ``pp``); return each rank's
-    result dict."""
+    """Run ``scenario(rank)`` on ``world`` gloo ranks (``tp`` × ``pp`` × ``cp``); return each
+    rank's result dict."""
     ctx = mp.get_context("spawn")
     port = tiny_models.free_port()
     procs = [
-        ctx.Process(target=_entry, args=(scenario, r, world, port, tp, pp, str(tmp)))
+        ctx.Process(target=_entry, args=(scenario, r, world, port, tp, pp, cp, str(tmp)))
         for r in range(world)
     ]
     for p in procs:

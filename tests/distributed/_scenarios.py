@@ -309,3 +309,92 @@ def _no_group():
 
     groups = [torch.distributed.new_group([r]) for r in range(torch.distributed.get_world_size())]
     return groups[torch.distributed.get_rank()]
+
+
+def _cp_model(cp: int = 2):
+    spec = tiny_models.TinySpec(
+        seq_length=SEQ, vocab_size=VOCAB, extra={"context_parallel_size": cp}
+    )
+    torch.manual_seed(0)
+    return tiny_models.build_gpt(spec, attention="sdpa")  # the demo's attention gathers CP
+
+
+def _on_this_cp_rank(batch: dict) -> dict:
+    """This rank's share of ``batch``, sliced by megatron's own function (whose arguments
+    differ between releases)."""
+    import inspect
+
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    params = inspect.signature(get_batch_on_this_cp_rank).parameters
+    kwargs: dict = {"is_hybrid_cp": False} if "is_hybrid_cp" in params else {}
+    if "cp_group" in params:
+        kwargs["cp_group"] = parallel_state.get_context_parallel_group()
+    return get_batch_on_this_cp_rank(dict(batch), **kwargs)
+
+
+def loss_mask_under_cp(rank: int) -> dict:
+    """CP=2: on each rank's share of an answer-only batch, a block's mask and +mask:labels give
+    the gradients of a forward that passes the mask as loss_mask, and megatron's LM loss is
+    as it was. Per-rank gradients are compared before any reduction: each rank's MTP loss
+    rolls the mask across the CP boundary (megatron's roll_tensor), so a mask that reached MTP
+    differently on one rank would show there."""
+    tiny_models.reset_mtp_loss_tracker()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, VOCAB, (2, SEQ), generator=g)
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, : SEQ // 2] = -100  # the prompt, as answer-only SFT labels it
+    labels[0, -2:] = -100  # and padding
+    full = {
+        "tokens": ids,
+        "position_ids": torch.arange(SEQ).unsqueeze(0).expand(2, -1).contiguous(),
+        "labels": labels,
+        "weights": (labels != -100).float(),
+    }
+    local = _on_this_cp_rank(full)
+    results, stats = {}, {}
+    for how in ("block", "labels", "plain", "unmasked"):
+        model = _cp_model()
+        model.train()
+        args = (local["tokens"], local["position_ids"], None)
+        if how == "block":
+            handle = mtp_hooks.attach(model)
+            with mtp_hooks.mtp_loss_mask(local["weights"]):
+                loss = model(*args, labels=local["labels"])
+        elif how == "labels":
+            handle = mtp_hooks.attach(model)
+            mtp_hooks.configure("train=run+mask:labels")
+        if how == "labels":
+            loss = model(*args, labels=local["labels"])
+        elif how == "plain":
+            loss = model(*args, labels=local["labels"], loss_mask=local["weights"])
+        elif how == "unmasked":
+            loss = model(*args, labels=local["labels"])
+        loss.sum().backward()
+        if how in ("block", "labels"):
+            stats[how] = handle.stats()
+            handle.remove()
+            mtp_hooks.reset()
+        results[how] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
+
+    # The setting itself: the same weights built without CP, on the whole sequence, give this
+    # rank's share of the language-model loss (so the demo's attention gathers CP correctly).
+    whole = _cp_model(cp=1)
+    with torch.no_grad():
+        reference = whole(ids, full["position_ids"], None, labels=labels)
+    share = _on_this_cp_rank({"loss": reference})["loss"]
+
+    def same(a: str, b: str) -> bool:
+        (la, ga), (lb, gb) = results[a], results[b]
+        return bool(torch.equal(la, lb)) and all(torch.equal(ga[n], gb[n]) for n in ga)
+
+    return {
+        "local_seq": int(local["tokens"].shape[1]),
+        "lm_loss_as_without_cp": bool(torch.allclose(results["plain"][0], share, atol=1e-5)),
+        "block_equals_loss_mask": same("block", "plain"),
+        "labels_equals_loss_mask": same("labels", "plain"),
+        "lm_loss_unchanged": bool(torch.equal(results["block"][0], results["unmasked"][0])),
+        "mask_mattered": not same("plain", "unmasked"),
+        "stats": stats,
+    }

@@ -98,3 +98,16 @@ def test_tp2_a_loss_mask_block_trains_each_shard_as_megatrons_own_loss_mask(tmp_
         assert result["grads_equal"] and result["loss_equal"] and result["lm_loss_unchanged"]
         assert result["mask_mattered"]
         assert result["stats"] == {"train": {"masked": 1, "run": 1}}
+
+
+def test_under_cp2_a_mask_reaches_each_ranks_mtp_as_megatrons_own_loss_mask(tmp_path):
+    results = run_ranks(_scenarios.loss_mask_under_cp, world=2, tp=1, cp=2, tmp=tmp_path)
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        assert result["local_seq"] == _scenarios.SEQ // 2 and result["lm_loss_as_without_cp"]
+        assert result["block_equals_loss_mask"] and result["labels_equals_loss_mask"]
+        assert result["lm_loss_unchanged"] and result["mask_mattered"]
+        assert result["stats"] == {
+            "block": {"train": {"run": 1, "masked": 1}},
+            "labels": {"train": {"run": 1, "masked": 1}},
+        }

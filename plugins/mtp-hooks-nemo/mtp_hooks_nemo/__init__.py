@@ -28,11 +28,14 @@ import mtp_hooks
 from mtp_hooks import Phase, PolicyError
 from mtp_hooks.framework import RoleSettings, as_mapping, framework_imported, read_key
 
+from .masks import mtp_loss_mask
+
 __all__ = [
     "NemoMTPConfig",
     "configure",
     "configure_run",
     "current",
+    "mtp_loss_mask",
     "reset",
     "skip_mtp_for_inference",
     "vote",
