@@ -2,9 +2,8 @@
 
 Used by ``mtp-hooks demo``, the benchmarks and the tests. Everything uses megatron-core's local
 (non-Transformer-Engine) modules, so the models run on a CPU. ``attention="sdpa"`` swaps the core
-attention for a ``scaled_dot_product_attention`` module (``_local_specs``), a spec-level
-substitute that needs no CUDA scratch buffer and also takes packed sequences and context
-parallelism (it gathers the other CP ranks' keys and values); ``attention="local"`` keeps
+attention for a ``scaled_dot_product_attention`` module (``_local_specs``) that needs no CUDA
+scratch buffer and takes packed sequences and context parallelism; ``attention="local"`` keeps
 megatron's own ``DotProductAttention``.
 
 megatron-core must already be initialized (``torch.distributed`` plus
