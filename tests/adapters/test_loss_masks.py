@@ -394,3 +394,42 @@ def test_under_packed_sequences_the_mask_is_rolled_as_megatrons_own_loss_mask():
                 model(ids, pos, None, **kwargs).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     assert same(*grads)
+
+
+def detaches() -> bool:
+    import dataclasses
+
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return "mtp_detach_heads" in {f.name for f in dataclasses.fields(TransformerConfig)}
+
+
+@pytest.mark.parametrize("policy", ["train=run:0.5", "train=run+detach", "train=run:0.25+detach"])
+def test_under_a_weight_or_detach_a_block_mask_trains_as_passing_it_as_loss_mask(
+    build, batch, policy
+):
+    if "detach" in policy and not detaches():
+        pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
+    mask = response_only(batch)
+    grads = {}
+    for how in ("block", "loss_mask", "unmasked", "skip"):
+        model = build(seed=15)
+        if "detach" in policy:
+            mtp_hooks.clip_mtp_apart(model)
+        handle = mtp_hooks.attach(model)
+        mtp_hooks.configure("train=skip" if how == "skip" else policy)
+        if how == "block":
+            with mtp_hooks.mtp_loss_mask(mask):
+                _, grads[how] = masked_step(model, batch)
+        else:
+            _, grads[how] = masked_step(
+                model, batch, loss_mask=mask if how == "loss_mask" else None
+            )
+        handle.remove()
+        mtp_hooks.reset()
+    assert same(grads["block"], grads["loss_mask"])
+    mtp = {n for n in grads["block"] if n.startswith("mtp.")}
+    assert any(not torch.equal(grads["block"][n], grads["unmasked"][n]) for n in mtp)
+    if "detach" in policy:  # the mask changes what MTP learns, never the trunk's update
+        trunk = [n for n in grads["block"] if n not in mtp]
+        assert all(same({n: grads["block"][n]}, {n: grads["skip"][n]}) for n in trunk)
