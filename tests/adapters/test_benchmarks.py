@@ -125,17 +125,19 @@ def megatron_detaches_mtp() -> bool:
     return "mtp_detach_heads" in {f.name for f in dataclasses.fields(TransformerConfig)}
 
 
+TINY_RL = [  # the RL drafter loop at a size that runs in seconds on a CPU
+    *("--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "128", "--phrases", "32"),
+    *("--seq", "64", "--batch", "4", "--pretrain-steps", "20", "--rl-steps", "10"),
+    *("--every", "5", "--prompts", "2", "--prompt-len", "8", "--gen", "8", "--device", "cpu"),
+]
+
+
 def test_the_rl_drafter_loop_keeps_the_policy_of_a_skip_under_detach_and_reports_each_goal(
     tmp_path,
 ):
     if not megatron_detaches_mtp():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
-    tiny = ["--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "128"]
-    tiny += ["--phrases", "32", "--seq", "64", "--batch", "4", "--pretrain-steps", "20"]
-    tiny += ["--rl-steps", "10", "--every", "5", "--prompts", "2", "--prompt-len", "8"]
-    out = run_script(
-        "gpu_rl_drafter.py", "--device", "cpu", "--gen", "8", "--out", str(tmp_path), *tiny
-    )
+    out = run_script("gpu_rl_drafter.py", "--out", str(tmp_path), *TINY_RL)
     result = json.loads((tmp_path / "rl_drafter.json").read_text())
     trunks = {arm: data["trunk_vs_A"]["bit_identical"] for arm, data in result["arms"].items()}
     assert trunks == {"A": True, "B": False, "C": True, "D": True}
@@ -168,13 +170,7 @@ def test_an_rl_batch_marks_as_response_exactly_the_labels_that_are_response_toke
 def test_the_mask_arms_train_one_policy_and_differ_only_in_what_mtp_trains_on(tmp_path):
     if not megatron_detaches_mtp():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
-    tiny = ["--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "128"]
-    tiny += ["--phrases", "32", "--seq", "64", "--batch", "4", "--pretrain-steps", "20"]
-    tiny += ["--rl-steps", "10", "--every", "5", "--prompts", "2", "--prompt-len", "8"]
-    out = run_script(
-        "gpu_rl_drafter.py", "--device", "cpu", "--gen", "8", "--arms", "P,R",
-        "--out", str(tmp_path), *tiny,
-    )  # fmt: skip
+    out = run_script("gpu_rl_drafter.py", "--arms", "P,R", "--out", str(tmp_path), *TINY_RL)
     arms = json.loads((tmp_path / "rl_drafter.json").read_text())["arms"]
     assert arms["R"]["trunk_vs_P"] == {"bit_identical": True}
     forced = {arm: [row["teacher_forced"] for row in arms[arm]["rows"]] for arm in "PR"}
