@@ -55,6 +55,21 @@ def has_hybrid() -> bool:
     return True
 
 
+def has_detach_field() -> bool:
+    """Whether this megatron-core has ``mtp_detach_heads`` (0.19 on), which ``+detach`` needs."""
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    return "mtp_detach_heads" in TransformerConfig.__dataclass_fields__
+
+
+def guards_empty_masks() -> bool:
+    """Whether megatron's MTP loss survives a mask with no position (process_mtp_loss, 0.18 on);
+    mtp-hooks refuses MTP loss masks where it does not (0.16)."""
+    from megatron.core.transformer import multi_token_prediction
+
+    return hasattr(multi_token_prediction, "process_mtp_loss")
+
+
 @pytest.fixture(scope="session")
 def megatron_cpu():
     """One gloo rank with megatron's parallel state, and a CPU scratch buffer for attention."""

@@ -14,7 +14,7 @@ import torch
 
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import SEQ, VOCAB
+from model_fixtures import SEQ, VOCAB, has_detach_field
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--hidden", "64", "--layers", "2", "--ffn", "128", "--vocab", "256", "--seq", "32"]
@@ -116,15 +116,6 @@ def test_the_change_pair_times_a_skip_right_after_a_decision_change_beside_the_s
         assert 0 < r["low"] <= r["median"] <= r["high"]
 
 
-def megatron_detaches_mtp() -> bool:
-    """Whether this megatron-core has ``mtp_detach_heads`` (0.19 on), which ``+detach`` needs."""
-    import dataclasses
-
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    return "mtp_detach_heads" in {f.name for f in dataclasses.fields(TransformerConfig)}
-
-
 TINY_RL = [  # the RL drafter loop at a size that runs in seconds on a CPU
     *("--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "128", "--phrases", "32"),
     *("--seq", "64", "--batch", "4", "--pretrain-steps", "20", "--rl-steps", "10"),
@@ -135,7 +126,7 @@ TINY_RL = [  # the RL drafter loop at a size that runs in seconds on a CPU
 def test_the_rl_drafter_loop_keeps_the_policy_of_a_skip_under_detach_and_reports_each_goal(
     tmp_path,
 ):
-    if not megatron_detaches_mtp():
+    if not has_detach_field():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
     out = run_script("gpu_rl_drafter.py", "--out", str(tmp_path), *TINY_RL)
     result = json.loads((tmp_path / "rl_drafter.json").read_text())
@@ -168,7 +159,7 @@ def test_an_rl_batch_marks_as_response_exactly_the_labels_that_are_response_toke
 
 
 def test_the_mask_arms_train_one_policy_and_differ_only_in_what_mtp_trains_on(tmp_path):
-    if not megatron_detaches_mtp():
+    if not has_detach_field():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
     out = run_script("gpu_rl_drafter.py", "--arms", "P,R", "--out", str(tmp_path), *TINY_RL)
     arms = json.loads((tmp_path / "rl_drafter.json").read_text())["arms"]

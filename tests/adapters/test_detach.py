@@ -16,14 +16,7 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import Paused, deepcopy_model, forward_in, train_step
-
-
-def has_detach_field() -> bool:
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    return "mtp_detach_heads" in TransformerConfig.__dataclass_fields__
-
+from model_fixtures import Paused, deepcopy_model, forward_in, has_detach_field, train_step
 
 needs_field = pytest.mark.skipif(
     not has_detach_field(), reason="mtp_detach_heads came in megatron-core 0.19"

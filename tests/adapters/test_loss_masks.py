@@ -15,15 +15,7 @@ import torch
 
 import mtp_hooks
 
-from model_fixtures import SEQ
-
-
-def guards_empty_masks() -> bool:
-    """Whether megatron's MTP loss survives a mask with no position (process_mtp_loss, 0.18 on)."""
-    from megatron.core.transformer import multi_token_prediction
-
-    return hasattr(multi_token_prediction, "process_mtp_loss")
-
+from model_fixtures import SEQ, guards_empty_masks, has_detach_field
 
 pytestmark = pytest.mark.skipif(
     not guards_empty_masks(), reason="masks are refused where megatron divides by zero (0.16)"
@@ -396,19 +388,11 @@ def test_under_packed_sequences_the_mask_is_rolled_as_megatrons_own_loss_mask():
     assert same(*grads)
 
 
-def detaches() -> bool:
-    import dataclasses
-
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    return "mtp_detach_heads" in {f.name for f in dataclasses.fields(TransformerConfig)}
-
-
 @pytest.mark.parametrize("policy", ["train=run:0.5", "train=run+detach", "train=run:0.25+detach"])
 def test_under_a_weight_or_detach_a_block_mask_trains_as_passing_it_as_loss_mask(
     build, batch, policy
 ):
-    if "detach" in policy and not detaches():
+    if "detach" in policy and not has_detach_field():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
     mask = response_only(batch)
     grads = {}

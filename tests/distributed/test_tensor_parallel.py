@@ -1,4 +1,5 @@
-"""Two gloo ranks with TP=2 on real GPTModels: agreement works, disagreement is caught.
+"""Two gloo ranks with TP=2 (or CP=2) on real GPTModels: agreement works, disagreement is
+caught, and MTP loss masks reach each rank's MTP as megatron's own.
 
 Every test spawns its ranks with a hard timeout (tests/distributed/_harness.py), so a
 collective that one rank never joins fails the test instead of hanging it.
@@ -12,6 +13,7 @@ pytest.importorskip("megatron.core")
 
 import _scenarios  # noqa: E402
 from _harness import run_ranks  # noqa: E402
+from model_fixtures import guards_empty_masks  # noqa: E402
 
 pytestmark = pytest.mark.multirank
 
@@ -85,12 +87,6 @@ def test_tp2_metrics_equal_megatrons_own_training_log(tp_metrics):
         assert losses == megatron_loss
         if megatron_acceptance is not None:  # megatron-core 0.17+ logs acceptance
             assert acceptance == megatron_acceptance
-
-
-def guards_empty_masks() -> bool:
-    from megatron.core.transformer import multi_token_prediction
-
-    return hasattr(multi_token_prediction, "process_mtp_loss")
 
 
 needs_guarded_masks = pytest.mark.skipif(

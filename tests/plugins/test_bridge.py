@@ -27,7 +27,7 @@ import torch
 import mtp_hooks
 import mtp_hooks_bridge
 
-from model_fixtures import SEQ, VOCAB
+from model_fixtures import SEQ, VOCAB, guards_empty_masks
 
 BRIDGE_FUNCTIONS = (
     "get_batch_from_iterator",
@@ -36,12 +36,6 @@ BRIDGE_FUNCTIONS = (
     "forward_step",
     "_create_loss_function",
 )
-
-
-def guards_empty_masks() -> bool:
-    from megatron.core.transformer import multi_token_prediction
-
-    return hasattr(multi_token_prediction, "process_mtp_loss")
 
 
 def bridge_root() -> Path | None:
@@ -109,6 +103,8 @@ def bridge() -> SimpleNamespace:
         "GPTModel": torch.nn.Module,
     }
     step = load_functions(root / "training/gpt_step.py", BRIDGE_FUNCTIONS, namespace)
+    step.get_pg_collection = namespace["get_pg_collection"]
+    step.get_packed_seq_params = namespace["get_packed_seq_params"]
     injection = load_functions(
         root / "training/utils/train_utils.py",
         ("needs_global_state_injection",),
@@ -261,7 +257,7 @@ def test_bridge_passes_its_state_to_the_wrapped_step_as_to_its_own(bridge):
 def test_a_bridge_that_passes_loss_mask_itself_gets_nothing_added(build, bridge):
     def passing_step(state, data_iterator, model):  # Bridge with loss_mask in forward_args
         tokens, labels, loss_mask, _, position_ids, *_ = bridge.get_batch(
-            data_iterator, state.cfg, True, pg_collection=bridge_pg(model)
+            data_iterator, state.cfg, True, pg_collection=bridge.get_pg_collection(model)
         )
         output = model(tokens, position_ids, None, labels=labels, loss_mask=loss_mask)
         return output, bridge._create_loss_function(loss_mask, False, False)
@@ -274,18 +270,12 @@ def test_a_bridge_that_passes_loss_mask_itself_gets_nothing_added(build, bridge)
     assert same(grads, expected) and "masked" not in handle.stats()["train"]
 
 
-def bridge_pg(model):
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    return getattr(model, "pg_collection", None) or ProcessGroupCollection.use_mpu_process_groups()
-
-
 def test_labels_sliced_after_the_pull_are_refused_naming_context_parallelism(
     build, bridge, count_mtp
 ):
     def sliced_step(state, data_iterator, model):  # as a CP rank sees its share of the batch
         tokens, labels, loss_mask, _, position_ids, *_ = bridge.get_batch(
-            data_iterator, state.cfg, True, pg_collection=bridge_pg(model)
+            data_iterator, state.cfg, True, pg_collection=bridge.get_pg_collection(model)
         )
         half = SEQ // 2
         output = model(tokens[:, :half], position_ids[:, :half], None, labels=labels[:, :half])
@@ -349,7 +339,7 @@ def test_packed_sequences_through_bridge_train_mtp_on_the_batchs_loss_mask(bridg
     _, unmasked = train(bridge.forward_step, plain, dict(batch))
     assert not same(mtp_grads(grads), mtp_grads(unmasked))
     plain.zero_grad(set_to_none=True)
-    packed = bridge.forward_step.__globals__["get_packed_seq_params"](
+    packed = bridge.get_packed_seq_params(
         {k: batch[k] for k in ("cu_seqlens", "cu_seqlens_argmin", "max_seqlen")}
     )
     output = plain(

@@ -9,13 +9,7 @@ import torch
 import mtp_hooks
 import mtp_hooks_nemo
 
-from model_fixtures import BATCH, SEQ
-
-
-def guards_empty_masks() -> bool:
-    from megatron.core.transformer import multi_token_prediction
-
-    return hasattr(multi_token_prediction, "process_mtp_loss")
+from model_fixtures import BATCH, SEQ, guards_empty_masks
 
 
 def rl_batch(n: int = 4) -> dict:
