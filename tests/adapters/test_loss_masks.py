@@ -266,6 +266,26 @@ def test_a_masked_forward_interrupted_inside_mtp_leaves_the_model_as_it_was(buil
     assert model.config is config and model.mtp_process is process
 
 
+@pytest.mark.parametrize("raised", [RuntimeError, KeyboardInterrupt])
+def test_a_block_function_that_raises_stops_the_forward_before_it_changes_anything(
+    build, batch, count_mtp, raised
+):
+    model, plain = build(seed=8), build(seed=8)
+    counter = count_mtp(model)
+    config, process = model.config, model.mtp_process
+    mtp_hooks.attach(model)
+
+    def fail(**call):
+        raise raised("the framework's batch is gone")
+
+    with mtp_hooks.mtp_loss_mask(fail), pytest.raises(raised):
+        masked_step(model, batch)
+    assert counter.n == 0 and model.config is config and model.mtp_process is process
+    _, grads = masked_step(model, batch)
+    _, expected = masked_step(plain, batch)
+    assert same(grads, expected)
+
+
 def test_a_block_applies_to_its_own_thread_only(build, batch):
     mask = response_only(batch)
     model, plain = build(seed=9), build(seed=9)
