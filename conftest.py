@@ -30,6 +30,6 @@ def fresh_mtp_hooks(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     for name in MTP_ENV_VARS:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD", "1")
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     yield
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()

@@ -68,7 +68,7 @@ CORE_FLOOR = ["pluggy==1.3.0", "pytest==8.0.2"]  # pyproject's pluggy floor; pyt
 # The property tests (tests/core/test_*_properties.py) set a fixed seed and their example counts
 # themselves, so every run checks the same examples.
 HYPOTHESIS = "hypothesis==6.168.5"
-RUFF, MYPY, SPHINX = "ruff==0.17.6", "mypy==1.19.1", "sphinx==9.1.1"
+RUFF, MYPY, SPHINX, MYST = "ruff==0.17.6", "mypy==1.19.1", "sphinx==9.1.1", "myst-parser==5.2.0"
 PLUGINS = sorted(
     f"plugins/{name}"
     for name in os.listdir("plugins")
@@ -140,8 +140,9 @@ def types(session: nox.Session) -> None:
 
 @nox.session(python="3.12")
 def docs(session: nox.Session) -> None:
-    """The API reference (docs/api), built with Sphinx; any warning fails it."""
-    session.install(SPHINX, "-e", ".")
-    out = "docs/api/_build/html"
-    session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs/api", out)
-    session.log(f"API reference: {out}/index.html")
+    """The docs site (docs/: MyST pages and the API reference), built with Sphinx; any warning
+    fails it."""
+    session.install(SPHINX, MYST, "-e", ".")
+    out = "docs/_build/html"
+    session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", out)
+    session.log(f"docs site: {out}/index.html")

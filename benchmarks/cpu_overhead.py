@@ -45,13 +45,13 @@ class Vote:
     def __init__(self, vote):
         self.vote = vote
 
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     def should_run_mtp(self, model, phase):
         return self.vote
 
 
 class CachedVote(Vote):
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     @cacheable_vote
     def should_run_mtp(self, model, phase):
         return self.vote
@@ -62,9 +62,9 @@ def per_call_us(fn, calls: int) -> float:
 
 
 def decide_cases(calls: int) -> dict[str, float]:
-    mtp_hooks.reset()
-    mtp_hooks.register(Vote(None), name="abstains")
-    mtp_hooks.register(Vote(False), name="skips-eval")
+    mtp_hooks.testing.reset()
+    mtp_hooks.plugins.register(Vote(None), name="abstains")
+    mtp_hooks.plugins.register(Vote(False), name="skips-eval")
     votes = statistics.median(
         per_call_us(lambda: mtp_hooks.decide(None, "eval"), calls) for _ in range(9)
     )
@@ -72,7 +72,7 @@ def decide_cases(calls: int) -> dict[str, float]:
     config = statistics.median(
         per_call_us(lambda: mtp_hooks.decide(None, "eval"), calls) for _ in range(9)
     )
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     return {"decide_config_2_plugins_us": config, "decide_votes_2_plugins_us": votes}
 
 
@@ -82,10 +82,10 @@ def policy(config, plugin=None):
     def setup() -> None:
         mtp_hooks.configure(config)
         for name in ("vote", "cached_vote"):
-            if mtp_hooks.get_plugin_manager().has_plugin(name):
-                mtp_hooks.unregister(name)
+            if mtp_hooks.plugins.get_plugin_manager().has_plugin(name):
+                mtp_hooks.plugins.unregister(name)
         if plugin is not None:
-            mtp_hooks.register(plugin, name=plugin.name)
+            mtp_hooks.plugins.register(plugin, name=plugin.name)
 
     return setup
 
@@ -105,7 +105,7 @@ def hook_cases():
         tiny_models.init_single_process(port=tiny_models.free_port())
         torch.manual_seed(0)
         model = tiny_models.build_gpt(attention="sdpa")
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     (gate,) = mtp_hooks.attach(model).gates
     gated = Trivial()
     object.__setattr__(gated, "mtp_process", model.mtp_process)

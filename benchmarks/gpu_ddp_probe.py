@@ -27,7 +27,7 @@ from mtp_hooks.demo import tiny_models  # noqa: E402
 
 tiny_models.init_single_process()
 for attach_inner in (False, True):
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     tiny_models.reset_mtp_loss_tracker(device="cuda")
     try:
         losses, _, _ = t.train("skip", attach_inner=attach_inner)

@@ -538,13 +538,13 @@ def run(args, save=lambda results: None) -> dict:
     }
     trunks = {}
     for arm in args.arms.split(","):
-        mtp_hooks.reset()
+        mtp_hooks.testing.reset()
         mtp_hooks.declare_phase("logprob")
         mtp_hooks.configure(ARMS[arm])
         controller = None
         if arm == "D":
             controller = AcceptanceController(target=target, below=args.mtp_scale, above=None)
-            mtp_hooks.register(controller, name="drafter")
+            mtp_hooks.plugins.register(controller, name="drafter")
         trainer.load(pretrained)
         rows, step_ms, trained = [], [], 0
         for step in range(args.rl_steps + 1):

@@ -46,7 +46,7 @@ controller = AcceptanceController(
     above=None,  # skip MTP in training once it is there
     window=1,  # decide on the latest evaluation
 )
-mtp_hooks.register(controller, name="drafter")  # it also receives every recorded forward
+mtp_hooks.plugins.register(controller, name="drafter")  # it also receives every recorded forward
 
 for step in range(1, 81):
     ids, pos, labels = batch(step)

@@ -2,21 +2,26 @@
 
 Policies come from a per-phase config and from pluggy plugins implementing ``should_run_mtp``;
 :func:`attach` makes ``GPTModel`` and ``HybridModel`` consult them through public ``nn.Module``
-hooks. Importing this package has no side effects and does not import megatron-core.
+hooks. Importing this package has no side effects and imports neither torch nor megatron-core.
+
+Each public name has one home:
+
+* users import from ``mtp_hooks`` (this module);
+* plugin authors from :mod:`mtp_hooks.plugins` (``hookimpl``, ``hookspec``, ``register``);
+* framework plugins' helpers come from :mod:`mtp_hooks.framework`;
+* test suites reset the state between tests with :func:`mtp_hooks.testing.reset`.
 """
 
 from __future__ import annotations
 
-import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from . import _runtime
+from . import framework, plugins, testing  # noqa: F401  (each public name's home)
 from ._decision import Decision, decide, explain
 from ._errors import (
     DecisionMismatchError,
     MTPHooksError,
     PluginError,
-    PluginLoadError,
     PolicyConflictError,
     PolicyError,
     UnknownPluginError,
@@ -24,26 +29,20 @@ from ._errors import (
 )
 from ._loss_masks import mtp_loss_mask
 from ._metrics import MTPMetrics
-from ._phases import Phase, PhaseLike, current_phase, declare_phase, phase
+from ._phase_catalogue import declare_phase, phase
+from ._phases import Phase, PhaseLike, current_phase
 from ._roles import role_of, set_role
 from ._sources import configure, reload
-from .hookspecs import hookimpl, hookspec  # noqa: F401  (kept importable, not advertised)
-from .plugins import get_plugin_manager, list_plugins, register, unregister  # noqa: F401
+from .megatron import (
+    AttachHandle,
+    attach,
+    auto_attach,
+    clip_mtp_apart,
+    detach,
+    freeze_mtp,
+    freeze_trunk,
+)
 
-if TYPE_CHECKING:
-    from .megatron import (
-        AttachHandle,
-        attach,
-        auto_attach,
-        clip_mtp_apart,
-        detach,
-        freeze_mtp,
-        freeze_trunk,
-    )
-
-# What the package advertises (``from mtp_hooks import *``, the docs). ``reset`` (for tests),
-# ``hookspec`` and ``get_plugin_manager`` (for plugin authors: mtp_hooks.hookspecs and
-# mtp_hooks.plugins) stay importable from here without being advertised.
 __all__ = [
     "AttachHandle",
     "Decision",
@@ -53,7 +52,6 @@ __all__ = [
     "Phase",
     "PhaseLike",
     "PluginError",
-    "PluginLoadError",
     "PolicyConflictError",
     "PolicyError",
     "UnknownPluginError",
@@ -69,35 +67,28 @@ __all__ = [
     "explain",
     "freeze_mtp",
     "freeze_trunk",
-    "hookimpl",
-    "list_plugins",
     "mtp_loss_mask",
     "phase",
-    "register",
     "reload",
     "role_of",
     "set_role",
-    "unregister",
 ]
 
-_MEGATRON_NAMES = {
-    "AttachHandle",
-    "attach",
-    "auto_attach",
-    "clip_mtp_apart",
-    "detach",
-    "freeze_mtp",
-    "freeze_trunk",
+# Names that moved to their one home; importable from here, with a DeprecationWarning, until
+# the release after next (CHANGELOG.md).
+_MOVED = {
+    "hookimpl": "mtp_hooks.plugins",
+    "hookspec": "mtp_hooks.plugins",
+    "register": "mtp_hooks.plugins",
+    "unregister": "mtp_hooks.plugins",
+    "list_plugins": "mtp_hooks.plugins",
+    "get_plugin_manager": "mtp_hooks.plugins",
+    "reset": "mtp_hooks.testing",
 }
 
 
 def __getattr__(name: str) -> Any:
-    # The Megatron adapters import torch and megatron-core, so they load on first use only;
-    # the version is read from the installed distribution when asked for.
-    if name in _MEGATRON_NAMES:
-        from . import megatron
-
-        return getattr(megatron, name)
+    # The version is read from the installed distribution when asked for.
     if name == "__version__":
         from importlib.metadata import PackageNotFoundError, version
 
@@ -105,22 +96,24 @@ def __getattr__(name: str) -> Any:
             return version("mtp-hooks")
         except PackageNotFoundError:
             return "0+unknown"
+    home = _MOVED.get(name)
+    if home is None and name == "PluginLoadError":
+        home, new = "mtp_hooks", "PluginError"
+    else:
+        new = name
+    if home is not None:
+        import importlib
+        import warnings
+
+        warnings.warn(
+            f"mtp_hooks.{name} is deprecated; use {home}.{new}",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(home), new)
     raise AttributeError(f"module 'mtp_hooks' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    """The module's names, with the lazily loaded ones (``attach`` and the rest)."""
-    return sorted(set(globals()) | _MEGATRON_NAMES | {"__version__"})
-
-
-def reset() -> None:
-    """Return mtp-hooks to a fresh state: plugin manager, config, declared phases and roles.
-
-    Meant for tests. The next use builds a new plugin manager and reloads entry points, and
-    auto-attach stops watching for new models. Hooks already attached to models stay attached;
-    remove them with ``handle.remove()``.
-    """
-    auto = sys.modules.get("mtp_hooks.megatron._auto")
-    if auto is not None:
-        auto.enable(False)
-    _runtime.replace()
+    """The module's names, with ``__version__`` (read when asked for)."""
+    return sorted(set(globals()) | {"__version__"})

@@ -6,6 +6,10 @@ imports this module, which imports neither torch nor megatron-core. :func:`start
 program's own ``import torch`` (a ``sys.meta_path`` finder, the import system's public hook) and
 turns :func:`mtp_hooks.auto_attach` on right after it. A failure prints one warning and never
 stops the interpreter.
+
+The one piece of state outside the runtime is the ``.pth`` line's own flag,
+``sys._mtp_hooks_warned``: that line must warn once when ``mtp_hooks`` itself fails to import,
+and ``site`` runs it twice in a virtual environment whose ``lib64`` links to ``lib``.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
-from . import _env
+from . import _env, _runtime
 
 ENV_AUTO = "MTP_HOOKS_AUTO"
 
@@ -43,9 +47,10 @@ def _enable() -> None:
 
 
 def warn(reason: str) -> None:
-    """Print the one start-up warning of this process."""
-    if not getattr(sys, "_mtp_hooks_warned", False):
-        sys._mtp_hooks_warned = True  # type: ignore[attr-defined]
+    """Print the one start-up warning of this process (the runtime remembers it was given)."""
+    message = f"{ENV_AUTO} could not start"
+    if message not in _runtime.current.warned:
+        _runtime.current.warned.add(message)
         print(
             f"mtp-hooks: warning: {ENV_AUTO} is set but auto-attach could not start ({reason}); "
             "models run without MTP policies",

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from . import _phases, _policy, _roles, _runtime, _sources
+from . import _phase_catalogue, _phases, _policy, _roles, _runtime, _sources
 from ._errors import PolicyConflictError
-from .plugins import _registry
+from ._plugin_registry import registry as _registry
 
 logger = logging.getLogger("mtp_hooks")
 
@@ -153,7 +153,7 @@ def decide(model: Any, phase: _phases.Phase | str) -> Decision:
         >>> mtp_hooks.decide(None, "eval").run
         False
     """
-    canonical = _phases.normalize(phase, "mtp_hooks.decide()")
+    canonical = _phase_catalogue.normalize(phase, "mtp_hooks.decide()")
     return decide_normalized(model, canonical, _roles.role_of(model))[0]
 
 
@@ -246,7 +246,7 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
     Unlike :func:`decide`, it also lists what the plugins would vote when the config decides,
     and reports a conflict instead of raising it.
     """
-    canonical = _phases.normalize(phase, "mtp_hooks.explain()")
+    canonical = _phase_catalogue.normalize(phase, "mtp_hooks.explain()")
     role = _roles.role_of(model)
     lines = [f"phase: {canonical}", f"role: {role or '-'}"]
     entry = _sources.lookup(role, str(canonical))

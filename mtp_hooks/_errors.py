@@ -27,12 +27,6 @@ class PolicyConflictError(MTPHooksError):
     __module__ = "mtp_hooks"
 
 
-class PluginLoadError(MTPHooksError):
-    """An entry-point plugin failed to import, to register or to validate."""
-
-    __module__ = "mtp_hooks"
-
-
 class UnknownPluginError(MTPHooksError, LookupError):
     """No plugin is registered under the name, or as the object, given to ``unregister``."""
 
@@ -40,7 +34,8 @@ class UnknownPluginError(MTPHooksError, LookupError):
 
 
 class PluginError(MTPHooksError):
-    """A plugin's hook raised while deciding; the plugin's own exception is chained."""
+    """A plugin failed: to import, to register or to validate (entry points are then loaded
+    none at all), or its hook raised while deciding (the plugin's own exception is chained)."""
 
     __module__ = "mtp_hooks"
 

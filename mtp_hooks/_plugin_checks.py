@@ -8,33 +8,33 @@ from typing import Any, TypeVar
 
 import pluggy
 
-from ._errors import PluginLoadError, PolicyError
+from ._errors import PluginError, PolicyError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 def check_plugin(pm: pluggy.PluginManager, plugin: object, label: str) -> None:
-    """Refuse, with :class:`PluginLoadError`, what cannot be an mtp-hooks plugin.
+    """Refuse, with :class:`PluginError`, what cannot be an mtp-hooks plugin.
 
-    That is ``None`` and plain values, an object with no ``@mtp_hooks.hookimpl`` function (a
+    That is ``None`` and plain values, an object with no ``@mtp_hooks.plugins.hookimpl`` function (a
     forgotten decorator, or a marker of another project), and hook wrappers, whose effect on
     the per-plugin votes mtp-hooks counts by name would go unseen.
     """
     if plugin is None or isinstance(plugin, (str, bytes, int, float, bool)):
-        raise PluginLoadError(
+        raise PluginError(
             f"cannot register {plugin!r} as an mtp_hooks plugin: pass a module, a class "
-            "instance or another object whose hook functions carry @mtp_hooks.hookimpl"
+            "instance or another object whose hook functions carry @mtp_hooks.plugins.hookimpl"
         )
     options = hook_options(pm, plugin)
     if not options:
-        raise PluginLoadError(
+        raise PluginError(
             f"mtp_hooks plugin {label}: implements no mtp_hooks hook; decorate its "
-            "should_run_mtp or declare_phases with @mtp_hooks.hookimpl (a hookimpl marker of "
-            "another project name is not seen)"
+            "should_run_mtp or declare_phases with @mtp_hooks.plugins.hookimpl (a hookimpl "
+            "marker of another project name is not seen)"
         )
     wrappers = sorted(n for n, o in options.items() if o.get("hookwrapper") or o.get("wrapper"))
     if wrappers:
-        raise PluginLoadError(
+        raise PluginError(
             f"mtp_hooks plugin {label}: {', '.join(wrappers)} is declared as a hook wrapper; "
             "mtp-hooks counts each plugin's own vote by name, so a wrapper could change "
             "votes unseen. Drop wrapper=True/hookwrapper=True and return True (run), False "

@@ -1,8 +1,9 @@
-"""The registry class behind :mod:`mtp_hooks.plugins`: a ``pluggy.PluginManager`` with typed
-calls of each hook, entry-point loading and the checks every plugin passes.
+"""The plugin registry: a ``pluggy.PluginManager`` with typed calls of each hook, entry-point
+loading and the checks every plugin passes; :func:`registry` returns the process's one.
 
 It is the only code that calls hooks; an exception a plugin raises becomes a
-:class:`mtp_hooks.PluginError` naming the plugin and how to disable it.
+:class:`mtp_hooks.PluginError` naming the plugin and how to disable it. Plugin authors use
+:mod:`mtp_hooks.plugins`, the public face of this module.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any
 
 import pluggy
 
-from . import _runtime, hookspecs
-from ._errors import PluginError, PluginLoadError, PolicyError, UnknownPluginError
+from . import _env, _runtime, hookspecs
+from ._errors import PluginError, PolicyError, UnknownPluginError
 from ._plugin_checks import all_cacheable, check_plugin, declared_phases
 from ._weights import check_loss_scale
 
@@ -33,6 +34,18 @@ class PluginInfo:
     version: str | None
     hooks: tuple[str, ...]
     blocked: bool = False
+
+
+def registry() -> PluginRegistry:
+    """The process's registry, built (with the entry points loaded) at first use."""
+    runtime = _runtime.current
+    found: PluginRegistry | None = runtime.registry
+    if found is None:
+        found = PluginRegistry()
+        if not _env.flag(ENV_DISABLE_AUTOLOAD):
+            found.load_entry_points()
+        runtime.registry = found
+    return found
 
 
 def _blocked_names() -> list[str]:
@@ -77,7 +90,7 @@ class PluginRegistry:
                         plugin = plugin()
                     self.register(plugin, name=ep.name)
                 except Exception as exc:
-                    raise PluginLoadError(
+                    raise PluginError(
                         f"mtp_hooks plugin {ep.name!r} (entry point {ep.value!r} of distribution "
                         f"{dist_name or '?'} {dist_version or '?'}) failed to load: "
                         f"{type(exc).__name__}: {exc}. Fix or uninstall it, or disable it with "
@@ -87,21 +100,21 @@ class PluginRegistry:
                 if dist_name is not None:
                     self._dists[ep.name] = (dist_name, dist_version or "?")
             self.check_pending()
-        except PluginLoadError:
+        except PluginError:
             for name in loaded:
                 self.pm.unregister(name=name)
                 self._dists.pop(name, None)
             raise
 
     def check_pending(self) -> None:
-        """Raise :class:`PluginLoadError` for a hookimpl that matches no hookspec (a typo)."""
+        """Raise :class:`PluginError` for a hookimpl that matches no hookspec (a typo)."""
         try:
             self.pm.check_pending()
         except pluggy.PluginValidationError as exc:
             name = self.pm.get_name(exc.plugin) or repr(exc.plugin)
             dist = self._dists.get(name)
             origin = f" (distribution {dist[0]} {dist[1]})" if dist else ""
-            raise PluginLoadError(
+            raise PluginError(
                 f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not define: "
                 f"{exc}. Known hooks: should_run_mtp, mtp_loss_scale, mtp_detach_heads, "
                 "mtp_loss_mask, mtp_metrics, declare_phases. Fix the name, or disable the "
@@ -114,22 +127,22 @@ class PluginRegistry:
         label = name or repr(plugin)
         check_plugin(self.pm, plugin, label)
         if name is not None and self.pm.is_blocked(name):
-            raise PluginLoadError(
+            raise PluginError(
                 f"mtp_hooks plugin {name!r} is blocked by {ENV_DISABLE}; unset it to register"
             )
         try:
             registered = self.pm.register(plugin, name=name)
             if registered is None:
-                raise PluginLoadError(
+                raise PluginError(
                     f"mtp_hooks plugin {label} is blocked by {ENV_DISABLE}; unset it to register"
                 )
             self.check_pending()
         except ValueError as exc:  # already registered under this name or object
-            raise PluginLoadError(f"cannot register mtp_hooks plugin {label}: {exc}") from exc
+            raise PluginError(f"cannot register mtp_hooks plugin {label}: {exc}") from exc
         except pluggy.PluginValidationError as exc:
             self._discard(plugin, name)
-            raise PluginLoadError(f"invalid mtp_hooks plugin {label}: {exc}") from exc
-        except PluginLoadError:
+            raise PluginError(f"invalid mtp_hooks plugin {label}: {exc}") from exc
+        except PluginError:
             self._discard(plugin, name)
             raise
         self._changed()
@@ -155,8 +168,8 @@ class PluginRegistry:
         if name is None or self.pm.get_plugin(name) is None:
             what = "no plugin named {!r} is" if by_name else "{!r} is not"
             raise UnknownPluginError(
-                f"unregister: {what.format(name_or_plugin)} registered; mtp_hooks.list_plugins() "
-                "lists the registered ones"
+                f"unregister: {what.format(name_or_plugin)} registered; "
+                "mtp_hooks.plugins.list_plugins() lists the registered ones"
             )
         self.pm.unregister(name=name)
         self._dists.pop(name, None)

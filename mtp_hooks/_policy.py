@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from . import _phases
+from . import _phase_catalogue
 from ._errors import PolicyError
 from ._weights import check_loss_scale, parse_loss_scale
 
@@ -209,7 +209,7 @@ def _key(raw: object, source: str) -> Key:
             f"{source}: key {raw!r} has a malformed role {role!r}; use ROLE.PHASE, e.g. "
             "'teacher.train'"
         )
-    phase = _phases.normalize(phase_name, f"{source}: key {raw!r}")
+    phase = _phase_catalogue.normalize(phase_name, f"{source}: key {raw!r}")
     return (role or None, str(phase))
 
 

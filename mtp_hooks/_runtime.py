@@ -1,23 +1,49 @@
-"""The process state of mtp-hooks, on one object that :func:`mtp_hooks.reset` replaces.
+"""The process state of mtp-hooks, on one object: :data:`current`.
 
-Everything a decision depends on lives on :data:`current`: the plugin registry, the policy
-sources, the phases declared through the API, the models' roles, the memo of config decisions,
-and the generation counter. Whatever changes one of them calls :func:`advance`, so a gate may
-reuse a decision for as long as ``current.generation`` stands still. Gates read the object
-through this one module attribute at every forward.
+A :class:`Runtime` holds two kinds of state:
 
-Nothing is created at import time but an empty :class:`Runtime`; the registry (with its entry
-points) and the policy state are built on first use.
+* **The policy** (replaced by :func:`mtp_hooks.testing.reset`): the plugin registry, the policy
+  sources, the phases declared through the API, the models' roles, the memo of config
+  decisions. Whatever changes one of them calls :func:`advance`, so a gate may reuse a decision
+  for as long as ``current.generation`` stands still.
+* **The models and the process** (kept across a reset, since they belong to models that stay
+  attached, or to the interpreter): the table of attached models, auto-attach's registries,
+  the gates that follow every change, each thread's frame reader, the warnings already given,
+  and the callbacks that run at a reset.
+
+Gates read the object through this one module attribute. Nothing is created at import time but
+an empty :class:`Runtime`; the registry (with its entry points) and the policy state are built
+on first use.
 """
 
 from __future__ import annotations
 
+import threading
 import weakref
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
-if TYPE_CHECKING:
-    from ._plugin_registry import PluginRegistry
-    from ._sources import PolicyState
+
+class AutoAttachState:
+    """What auto-attach (:mod:`mtp_hooks.megatron._auto`) keeps, every table held weakly."""
+
+    __slots__ = ("registration", "watchers", "parents", "wrappers", "handles")
+
+    def __init__(self) -> None:
+        self.registration: Any = None
+        """torch's handle of the module registration hook while auto-attach is on, else None."""
+        self.watchers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        """Model -> the handle of its one-shot first-forward hook."""
+        self.parents: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
+        """Module -> the wrapper built around it (``wrapper.module = module``)."""
+        self.wrappers: weakref.WeakSet[Any] = weakref.WeakSet()
+        """The wrappers around a watched model."""
+        self.handles: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        """Model -> the AttachHandle auto-attach made for it at its first forward."""
+
+
+KEPT = ("listeners", "attached", "auto", "threads", "warned", "reset_callbacks")
+"""The fields of a :class:`Runtime` that :func:`replace` carries over to the fresh one."""
 
 
 class Runtime:
@@ -32,18 +58,21 @@ class Runtime:
         "roles",
         "memo",
         "memo_generation",
-        "listeners",
+        *KEPT,
     )
 
-    def __init__(self, generation: int = 0, listeners: weakref.WeakSet[Any] | None = None) -> None:
+    def __init__(self, generation: int = 0) -> None:
+        # -- the policy ------------------------------------------------------------------------
         self.generation = generation
         """Advances whenever anything a decision depends on changes."""
         self.watching = True
         """Whether :func:`mtp_hooks._sources.generation` has work: the environment is unread,
         or a policy file is watched. Gates call it only then."""
-        self.policy: PolicyState | None = None
+        # The two below are typed where they are made and read (_sources._state() and
+        # _plugin_registry.registry()): this ground-floor module names no higher one.
+        self.policy: Any = None
         """The policy sources in force (made at first use, swapped whole by ``reload()``)."""
-        self.registry: PluginRegistry | None = None
+        self.registry: Any = None
         """The plugin registry, built with its entry points at first use."""
         self.phases: set[str] = set()
         """Custom phases declared through :func:`mtp_hooks.declare_phase`."""
@@ -52,10 +81,21 @@ class Runtime:
         self.memo: dict[tuple[str | None, Any], Any] = {}
         """Decisions that consulted no plugin, by (role, phase), for ``memo_generation``."""
         self.memo_generation = -1
-        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet() if listeners is None else listeners
+        # -- the models and the process (KEPT: carried over by replace()) ---------------
+        self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
         """Objects whose ``after_advance()`` runs after every :func:`advance`, held weakly:
         gates of models whose captured CUDA graphs must follow a change, since no hook of
         theirs runs while megatron replays them."""
+        self.attached: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+        """Model -> the AttachHandle that gates it."""
+        self.auto = AutoAttachState()
+        self.threads = threading.local()
+        """Each thread's frame reader (``resumer``), made at its first gated call."""
+        self.warned: set[str] = set()
+        """The once-per-process warnings already given."""
+        self.reset_callbacks: list[Callable[[], Callable[[], None] | None]] = []
+        """What :func:`mtp_hooks.testing.reset` calls first: each entry returns the callback, or
+        ``None`` once the object it belongs to is gone (see :func:`on_reset`)."""
 
 
 current = Runtime()
@@ -68,12 +108,45 @@ def advance() -> None:
 
 
 def replace() -> None:
-    """Start over with a fresh :class:`Runtime` (:func:`mtp_hooks.reset`). The counter keeps
-    counting, so no decision a gate cached before can pass for a new one; the listeners, which
-    belong to attached models rather than to the policy, stay, and are told."""
+    """Start over with a fresh policy (:func:`mtp_hooks.testing.reset`). The counter keeps
+    counting, so no decision a gate cached before can pass for a new one; what belongs to
+    models and to the process (:data:`KEPT`) is carried over, and the listeners are
+    told."""
     global current
-    current = Runtime(current.generation + 1, current.listeners)
+    fresh = Runtime(current.generation + 1)
+    for name in KEPT:
+        setattr(fresh, name, getattr(current, name))
+    current = fresh
     _tell_listeners()
+
+
+def on_reset(callback: Callable[[], None]) -> None:
+    """Have :func:`mtp_hooks.testing.reset` call ``callback`` (a bound method is held weakly)."""
+    if hasattr(callback, "__self__") and hasattr(callback, "__func__"):
+        method = weakref.WeakMethod(callback)
+        current.reset_callbacks.append(method)
+    else:
+        current.reset_callbacks.append(lambda: callback)
+
+
+def run_reset_callbacks() -> None:
+    """Call every live reset callback, in registration order, and forget the dead ones."""
+    live = []
+    for entry in current.reset_callbacks:
+        callback = entry()
+        if callback is not None:
+            live.append(entry)
+            callback()
+    current.reset_callbacks[:] = live
+
+
+def warn_once(message: str, stacklevel: int = 3) -> None:
+    """Emit ``message`` as a ``RuntimeWarning`` once per process."""
+    if message not in current.warned:
+        import warnings
+
+        current.warned.add(message)
+        warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def _tell_listeners() -> None:

@@ -22,7 +22,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from . import _env, _runtime
+from . import _env, _phase_catalogue, _runtime
 from ._errors import PolicyError
 from ._policy import Key, PolicyEntry, parse_policy
 from ._policy_file import ENV_CONFIG, parse_file, read_bytes
@@ -155,7 +155,7 @@ def _state() -> PolicyState:
     """The policy in force (``current.policy``), made at first use; ``reload()`` swaps it whole,
     never half-updated."""
     runtime = _runtime.current
-    state = runtime.policy
+    state: PolicyState | None = runtime.policy
     if state is None:
         state = runtime.policy = PolicyState()
     return state
@@ -220,6 +220,16 @@ def _swap(state: PolicyState) -> None:
 def lookup(role: str | None, phase: str) -> PolicyEntry | None:
     """Return the config entry for (role, phase): role-scoped first, then the plain phase."""
     return _state().lookup(role, phase)
+
+
+def configured_with(role: str | None, option: str) -> list[str]:
+    """The phases whose policy config entry for ``role`` sets ``option`` (``metrics``,
+    ``detach``): what a model that cannot follow the option refuses at attach."""
+    return [
+        name
+        for name in _phase_catalogue.known_phases()
+        if getattr(lookup(role, name), option, None)
+    ]
 
 
 def polls_file() -> bool:

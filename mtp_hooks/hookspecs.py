@@ -1,7 +1,7 @@
 """The hooks a plugin can implement, and the pluggy markers for the project name ``mtp_hooks``.
 
 A plugin is any module or object with functions decorated by :data:`hookimpl`. Register it with
-:func:`mtp_hooks.register`, or ship it as an entry point in the ``mtp_hooks`` group.
+:func:`mtp_hooks.plugins.register`, or ship it as an entry point in the ``mtp_hooks`` group.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ def should_run_mtp(model: torch.nn.Module | None, phase: PhaseLike) -> bool | No
     Example:
         .. code-block:: python
 
-            from mtp_hooks import Phase, hookimpl, role_of
+            from mtp_hooks import Phase, role_of
+            from mtp_hooks.plugins import hookimpl
 
             class TrainStudentOnly:
                 @hookimpl
@@ -76,7 +77,7 @@ def declare_phases() -> Iterable[str]:  # type: ignore[empty-body]
     Example:
         .. code-block:: python
 
-            from mtp_hooks import hookimpl
+            from mtp_hooks.plugins import hookimpl
 
             @hookimpl
             def declare_phases():
@@ -106,7 +107,7 @@ def mtp_loss_scale(model: torch.nn.Module | None, phase: PhaseLike) -> float | N
     Example:
         .. code-block:: python
 
-            from mtp_hooks import hookimpl
+            from mtp_hooks.plugins import hookimpl
             from mtp_hooks.framework import loss_scale_schedule
 
             class DeepSeekV3Schedule:
@@ -142,7 +143,8 @@ def mtp_detach_heads(model: torch.nn.Module | None, phase: PhaseLike) -> bool | 
     Example:
         .. code-block:: python
 
-            from mtp_hooks import Phase, hookimpl
+            from mtp_hooks import Phase
+            from mtp_hooks.plugins import hookimpl
 
             class IsolatedDrafter:
                 @hookimpl
@@ -184,7 +186,7 @@ def mtp_loss_mask(
     Example:
         .. code-block:: python
 
-            from mtp_hooks import hookimpl
+            from mtp_hooks.plugins import hookimpl
 
             class ResponseOnly:
                 @hookimpl
@@ -212,7 +214,7 @@ def mtp_metrics(model: torch.nn.Module, phase: PhaseLike, metrics: MTPMetrics) -
     Example:
         .. code-block:: python
 
-            from mtp_hooks import hookimpl
+            from mtp_hooks.plugins import hookimpl
 
             class LogMTP:
                 def __init__(self, writer, trainer):

@@ -1,70 +1,93 @@
-"""The plugin registry: a lazily built ``pluggy.PluginManager`` behind one typed facade.
+"""What a plugin author imports: the hook markers, registration, and the reset callback.
 
-Nothing here runs at import time. The manager is created, and entry points of the ``mtp_hooks``
-group are loaded, on first use. Callers go through :class:`PluginRegistry`
-(:mod:`mtp_hooks._plugin_registry`), never ``pm.hook``.
+A plugin is any module or object with functions marked by :data:`hookimpl`, named after the
+hooks of :mod:`mtp_hooks.hookspecs`. Register it with :func:`register`, or ship it as an entry
+point of the ``mtp_hooks`` group; entry points are loaded all or nothing, the first time a
+decision is made. Nothing here runs at import time.
+
+Example:
+    >>> from mtp_hooks.plugins import hookimpl, register, unregister
+    >>> class NeverInRollout:
+    ...     @hookimpl
+    ...     def should_run_mtp(self, model, phase):
+    ...         return False if phase == "rollout" else None
+    >>> register(NeverInRollout(), name="never-in-rollout")
+    'never-in-rollout'
+    >>> unregister("never-in-rollout")
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pluggy
 
-from . import _env, _runtime
-from ._plugin_registry import ENV_DISABLE, ENV_DISABLE_AUTOLOAD, PluginInfo, PluginRegistry
+from . import _runtime
+from ._plugin_registry import ENV_DISABLE, ENV_DISABLE_AUTOLOAD, PluginInfo, registry
+from .hookspecs import hookimpl, hookspec
 
 __all__ = [
-    "PluginInfo",
-    "PluginRegistry",
-    "get_plugin_manager",
-    "register",
-    "unregister",
-    "list_plugins",
     "ENV_DISABLE",
     "ENV_DISABLE_AUTOLOAD",
+    "PluginInfo",
+    "get_plugin_manager",
+    "hookimpl",
+    "hookspec",
+    "list_plugins",
+    "on_reset",
+    "register",
+    "unregister",
 ]
-
-
-def _registry() -> PluginRegistry:
-    """Return the process-wide registry, creating it and loading entry points on first use."""
-    runtime = _runtime.current
-    registry = runtime.registry
-    if registry is None:
-        registry = PluginRegistry()
-        if not _env.flag(ENV_DISABLE_AUTOLOAD):
-            registry.load_entry_points()
-        runtime.registry = registry
-    return registry
-
-
-def get_plugin_manager() -> pluggy.PluginManager:
-    """Return the ``pluggy.PluginManager``, created lazily with entry points loaded."""
-    return _registry().pm
 
 
 def register(plugin: object, name: str | None = None) -> str:
     """Register a plugin object or module and return its name.
 
     Raises:
-        PluginLoadError: The plugin implements an unknown hook or has a bad signature; nothing
-            is left registered.
-
-    Example:
-        >>> import mtp_hooks
-        >>> class NeverInRollout:
-        ...     @mtp_hooks.hookimpl
-        ...     def should_run_mtp(self, model, phase):
-        ...         return False if phase == "rollout" else None
-        >>> mtp_hooks.register(NeverInRollout(), name="never-in-rollout")
-        'never-in-rollout'
+        PluginError: The plugin implements an unknown hook, has a bad signature, or is
+            registered already; nothing is left registered.
     """
-    return _registry().register(plugin, name)
+    return registry().register(plugin, name)
 
 
 def unregister(name_or_plugin: str | object) -> None:
-    """Unregister a plugin by its name or by the object that was registered."""
-    _registry().unregister(name_or_plugin)
+    """Unregister a plugin by its name or by the object that was registered.
+
+    Raises:
+        UnknownPluginError: No such plugin is registered.
+    """
+    registry().unregister(name_or_plugin)
 
 
 def list_plugins() -> list[PluginInfo]:
     """Describe every registered or blocked plugin (what ``mtp-hooks plugins`` prints)."""
-    return _registry().describe()
+    return registry().describe()
+
+
+def get_plugin_manager() -> pluggy.PluginManager:
+    """Return the ``pluggy.PluginManager``, created lazily with entry points loaded.
+
+    Use it to read what pluggy offers (``list_name_plugin``, tracing); register and
+    unregister through :func:`register` and :func:`unregister`, which validate the plugin
+    and tell the gates.
+    """
+    return registry().pm
+
+
+def on_reset(callback: Callable[[], None]) -> None:
+    """Have :func:`mtp_hooks.testing.reset` call ``callback`` before it starts over.
+
+    A plugin that keeps settings of its own registers a callback that drops them, so that a
+    test suite's reset between tests covers the plugin too. A bound method is held weakly;
+    :class:`mtp_hooks.framework.RoleSettings` registers its ``reset`` by itself.
+
+    Example:
+        >>> from mtp_hooks.plugins import on_reset
+        >>> from mtp_hooks.testing import reset
+        >>> settings = {"skip_eval": True}
+        >>> on_reset(settings.clear)
+        >>> reset()
+        >>> settings
+        {}
+    """
+    _runtime.on_reset(callback)

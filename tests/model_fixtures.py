@@ -1,6 +1,7 @@
 """Fixtures for real megatron-core models on a CPU, and the test-only stand-ins they need.
 
-Shared by tests/adapters and tests/plugins through their conftest files.
+A pytest plugin of tests/conftest.py (``pytest_plugins``) where megatron-core is installed;
+tests/adapters and tests/plugins turn the zeroed MTP loss tracker on for each of their tests.
 
 megatron's local ``DotProductAttention`` takes a scratch buffer that its ``GlobalMemoryBuffer``
 allocates on CUDA; :class:`CPUMemoryBuffer` allocates the same buffer on the CPU. The MTP loss
@@ -78,7 +79,7 @@ def megatron_cpu():
     yield
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def mtp_tracker(megatron_cpu):
     """A zeroed MTP loss tracker on the CPU before every test."""
     tiny_models.reset_mtp_loss_tracker()

@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _decision, _phases, _sources
+from .. import _decision, _phase_catalogue, _sources
 from ..hookspecs import PROJECT_NAME
 
 __all__ = ["run_demo"]
@@ -134,7 +134,7 @@ def _rows_for(model: Any, handle: Any, batch: tuple[Any, Any, Any]) -> list[Row]
 
     def rollout_forward() -> None:
         model.eval()
-        with torch.no_grad(), _phases.phase("rollout"):
+        with torch.no_grad(), _phase_catalogue.phase("rollout"):
             model(ids, pos, None)  # an RL log-prob forward: no labels
 
     for phase, step in (

@@ -10,9 +10,9 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from .. import _env, _roles
+from .. import _env, _roles, _runtime
 from .._errors import UnsupportedModelError
-from ._handle import AttachHandle, _attached
+from ._handle import AttachHandle
 
 if TYPE_CHECKING:
     from ._gate import MTPGate
@@ -22,14 +22,14 @@ ENV_VERIFY = "MTP_HOOKS_VERIFY"
 
 def _adapters() -> tuple[ModuleType, ModuleType, type[MTPGate]]:
     try:
-        from . import _capabilities, _distributed
+        from . import _capabilities, _ddp_settling
         from ._gate import MTPGate
     except ImportError as exc:
         raise UnsupportedModelError(
             f"mtp_hooks.attach needs torch and megatron-core ({exc}); install them with "
             "pip install 'mtp-hooks[megatron]'"
         ) from exc
-    return _capabilities, _distributed, MTPGate
+    return _capabilities, _ddp_settling, MTPGate
 
 
 def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -> AttachHandle:
@@ -64,13 +64,14 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
             mtp_hooks.configure("train=run,eval=skip,rollout=skip")
             handle.remove()
     """
-    capabilities, distributed, gate_cls = _adapters()
+    capabilities, settling, gate_cls = _adapters()
     models, wrappers = capabilities.unwrap(model)
     if role is None and not isinstance(model, (list, tuple)):
         role = _roles.role_of(model)  # a role set on the wrapper applies to the model inside
-    existing = {id(h): h for m in models if (h := _attached.get(m)) is not None}
+    attached = _runtime.current.attached
+    existing = {id(h): h for m in models if (h := attached.get(m)) is not None}
     if existing:
-        handle = next(iter(existing.values()))
+        handle: AttachHandle = next(iter(existing.values()))
         if len(existing) > 1 or set(map(id, handle.models)) != set(map(id, models)):
             raise UnsupportedModelError(
                 "mtp_hooks.attach: some of these model chunks are already attached through "
@@ -93,9 +94,11 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
         _roles.check_role(role, "mtp_hooks.attach")
     # Build every gate (which validates the config) before changing anything on the models.
     gated = [m for m in models if capabilities.gated(m)]
-    gates = [gate_cls(m, distributed.DDPState(m, wrappers), verify) for m in gated]
+    gates = [gate_cls(m, settling.DDPState(m, wrappers), verify) for m in gated]
+    from ._refusals import check_policy
+
     for gate, m in zip(gates, gated, strict=True):  # what the model's mode cannot follow
-        gate.check_policy(m, role if role is not None else _roles.role_of(m))
+        check_policy(gate, m, role if role is not None else _roles.role_of(m))
     prior_roles = [_roles.role_of(m) for m in models]
     if role is not None:
         for m in models:
@@ -105,7 +108,7 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
         gate.install()
     handle = AttachHandle(models, gates, role, prior_roles)
     for m in models:
-        _attached[m] = handle
+        attached[m] = handle
     return handle
 
 
@@ -115,7 +118,7 @@ def _adopter(role: str | None) -> Callable[[MTPGate], None]:
     def adopt(gate: MTPGate) -> None:
         copy = gate.model
         assert copy is not None
-        _attached[copy] = AttachHandle([copy], [gate], role, [None])
+        _runtime.current.attached[copy] = AttachHandle([copy], [gate], role, [None])
         if role is not None:
             _roles.set_role(copy, role)
 
@@ -126,7 +129,8 @@ def detach(model: Any) -> None:
     """Remove the hooks :func:`attach` installed on ``model`` (a no-op if it is not attached)."""
     capabilities, _, _ = _adapters()
     models, _ = capabilities.unwrap(model)
-    for handle in {id(h): h for m in models if (h := _attached.get(m))}.values():
+    attached = _runtime.current.attached
+    for handle in {id(h): h for m in models if (h := attached.get(m))}.values():
         handle.remove()
 
 
@@ -145,10 +149,10 @@ def freeze_mtp(model: Any) -> list[str]:
         UnsupportedModelError: The model is already wrapped in DDP.
     """
     capabilities, _, _ = _adapters()
-    from . import _preparation
+    from . import _freezing
 
     models, wrappers = capabilities.unwrap(model)
-    frozen: list[str] = _preparation.freeze_mtp_parameters(models, wrappers)
+    frozen: list[str] = _freezing.freeze_mtp_parameters(models, wrappers)
     return frozen
 
 
@@ -168,10 +172,10 @@ def freeze_trunk(model: Any) -> list[str]:
             trunk MoE routers whose expert bias this megatron-core cannot hold still.
     """
     capabilities, _, _ = _adapters()
-    from . import _preparation
+    from . import _freezing
 
     models, wrappers = capabilities.unwrap(model)
-    frozen: list[str] = _preparation.freeze_trunk_parameters(models, wrappers)
+    frozen: list[str] = _freezing.freeze_trunk_parameters(models, wrappers)
     return frozen
 
 
@@ -207,8 +211,8 @@ def clip_mtp_apart(model: Any) -> list[str]:
             mtp_hooks.configure("train=run:0.3+detach,eval=skip")
     """
     capabilities, _, _ = _adapters()
-    from . import _preparation
+    from . import _freezing
 
     models, wrappers = capabilities.unwrap(model)
-    tagged: list[str] = _preparation.clip_mtp_apart_parameters(models, wrappers)
+    tagged: list[str] = _freezing.clip_mtp_apart_parameters(models, wrappers)
     return tagged

@@ -11,7 +11,8 @@ built. It costs nothing at forward time and looks at two names only:
   a DDP/Float16Module wrapper. The first-forward attach goes through the outermost wrapper, so
   the DDP remedies apply. A wrapper built after the model's first forward re-attaches it.
 
-Models without MTP on this rank never get a hook.
+Models without MTP on this rank never get a hook. The registries live on the runtime
+(``_runtime.current.auto``), held weakly.
 """
 
 from __future__ import annotations
@@ -22,50 +23,54 @@ from typing import Any
 
 import torch
 
+from .. import _runtime
 from .._errors import UnsupportedModelError
-from . import _attach, _capabilities, _handle
-
-_watchers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()  # model -> handle
-_parents: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()
-_wrappers: weakref.WeakSet[Any] = weakref.WeakSet()  # wrappers around a watched model
-_auto_handles: weakref.WeakKeyDictionary[Any, _handle.AttachHandle] = weakref.WeakKeyDictionary()
-_registration: list[Any] = []  # [RemovableHandle] while enabled
+from . import _attach, _capabilities
 
 
 def enable(enabled: bool = True) -> None:
     """Start (or with ``False`` stop) watching for new models; see ``mtp_hooks.auto_attach``."""
-    if enabled and not _registration:
+    auto = _runtime.current.auto
+    if enabled and auto.registration is None:
         register = torch.nn.modules.module.register_module_module_registration_hook
-        _registration.append(register(_on_registration))
-    elif not enabled and _registration:
-        _registration.pop().remove()
+        auto.registration = register(_on_registration)
+    elif not enabled and auto.registration is not None:
+        auto.registration.remove()
+        auto.registration = None
 
 
 def _on_registration(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
+    auto = _runtime.current.auto
     if name == "mtp":
-        if isinstance(parent, _capabilities.language_model_classes()) and parent not in _watchers:
+        if (
+            isinstance(parent, _capabilities.language_model_classes())
+            and parent not in auto.watchers
+        ):
             _watch(parent)
-    elif name == "module" and (child in _watchers or child in _wrappers or child in _auto_handles):
-        _parents[child] = weakref.ref(parent)
-        _wrappers.add(parent)
+    elif name == "module" and (
+        child in auto.watchers or child in auto.wrappers or child in auto.handles
+    ):
+        auto.parents[child] = weakref.ref(parent)
+        auto.wrappers.add(parent)
         for model in _models_below(child):
-            handle = _auto_handles.pop(model, None)
+            handle = auto.handles.pop(model, None)
             if handle is not None:  # wrapped after its first forward: attach again through it
                 handle.remove()
                 _watch(model)
 
 
 def _watch(model: torch.nn.Module) -> None:
-    _watchers[model] = model.register_forward_pre_hook(
+    _runtime.current.auto.watchers[model] = model.register_forward_pre_hook(
         _first_forward, with_kwargs=True, prepend=True
     )
 
 
 def _first_forward(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """Attach ``model`` through its outermost wrapper, then gate this very call."""
-    _watchers.pop(model).remove()
+    auto = _runtime.current.auto
+    auto.watchers.pop(model).remove()
     outer = model
-    while (ref := _parents.get(outer)) is not None and (parent := ref()) is not None:
+    while (ref := auto.parents.get(outer)) is not None and (parent := ref()) is not None:
         outer = parent
     try:
         handle = _attach.attach(outer)
@@ -77,7 +82,7 @@ def _first_forward(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     gate = next((g for g in handle.gates if g.model is model), None)
     if gate is None:
         return None
-    _auto_handles[model] = handle
+    auto.handles[model] = handle
     # The new pre-hook missed this call (torch iterates a snapshot); its post-hook will run.
     return gate.pre_hook(model, args, kwargs, sys._getframe(1))
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from .._errors import UnsupportedModelError
+from . import _standalone
 
 NATIVE_FLAG = "compute_mtp_loss"
 GRAD_NORM_GROUP_ATTR = "grad_norm_group"  # what megatron's optimizer reads off a parameter
@@ -78,23 +79,21 @@ def tied_mtp_stage(model: Any) -> bool:
     )
 
 
-def standalone_loss_stage(model: Any) -> bool:
-    """The stage that computes the losses of a layout whose MTP has a stage of its own
-    (``config.mtp_standalone``): it has the output layer and ``mtp_num_layers``, no MTP block,
-    and computes the MTP losses from the depths the MTP stage sends along."""
-    config = getattr(model, "config", None)
-    return (
-        bool(getattr(config, "mtp_standalone", False))
-        and bool(getattr(config, "mtp_num_layers", None))
-        and bool(getattr(model, "post_process", False))
-        and not getattr(model, "mtp_process", False)
-    )
+def mtp_only_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
+    """``mtp.*`` parameters, plus the embedding copy on an MTP stage without ``pre_process``
+    (none on a stage without an MTP block, such as a standalone MTP stage's loss stage)."""
+    if getattr(model, "mtp", None) is None:
+        return []
+    params = [(f"mtp.{n}", p) for n, p in model.mtp.named_parameters()]
+    if not getattr(model, "pre_process", True) and hasattr(model, "embedding"):
+        params += [(f"embedding.{n}", p) for n, p in model.embedding.named_parameters()]
+    return params
 
 
 def gated(model: Any) -> bool:
     """Whether a gate goes on this rank's model: it runs MTP, or computes a standalone MTP
     stage's losses."""
-    return has_mtp(model) or standalone_loss_stage(model)
+    return has_mtp(model) or _standalone.loss_stage(model)
 
 
 @functools.lru_cache(maxsize=64)

@@ -32,9 +32,9 @@ from typing import Any
 
 import torch
 
-from .. import _decision, _phases, _sources
+from .. import _decision, _phase_catalogue, _phases, _sources
 from .._errors import UnsupportedModelError
-from ..plugins import _registry
+from .._plugin_registry import registry as _registry
 
 logger = logging.getLogger("mtp_hooks")
 GRAPHED_PHASES = (_phases.Phase.TRAIN, _phases.Phase.EVAL)
@@ -74,7 +74,9 @@ def check_policy(model: Any, role: str | None) -> None:
     if runs(_phases.Phase.TRAIN):
         return
     running = [
-        name for name in _phases.known_phases() if name != "train" and runs(_phases.normalize(name))
+        name
+        for name in _phase_catalogue.known_phases()
+        if name != "train" and runs(_phase_catalogue.normalize(name))
     ]
     if running:
         _refuse(", ".join(f"{name}=run" for name in running), "this policy")

@@ -7,37 +7,64 @@ config, :mod:`._config_view`, never by changing the shared object). The forward 
 first and with ``always_call=True``, restores both before anything else, also when forward
 raises.
 
-Every call pushes one record (:mod:`._calls`) naming the interpreter frame that runs it, so
-the gate can repair interrupted calls, tell threads apart and defer removal until running calls
-return. ``+metrics`` also asks :mod:`._recorder` to measure the call's MTP. The gates are plain
-instance attributes, written with ``object.__setattr__`` (``nn.Module``'s ends in the same).
+The gate keeps the facts fixed at attach time (the native flag, where inference contexts are
+passed, the tied-embedding hazard, CUDA graphs, DDP), a plan per phase (:mod:`._phase_plan`),
+and the call stack (:mod:`._call_stack`): every call pushes one record naming the interpreter
+frame that runs it, so the gate can repair interrupted calls, tell threads apart and defer
+removal until running calls return. ``+metrics`` also asks :mod:`._recorder` to measure the
+call's MTP. The gates are plain instance attributes, written with ``object.__setattr__``
+(``nn.Module``'s ends in the same).
 
 Both hooks run at every forward, so they are written for speed (docs/benchmarks.md): globals
-bound once, the decision cached per phase, one lock per call unless the call changes a gate.
+bound once, the plan cached per phase, one lock per call unless the call changes a gate, and
+the record of a call that changes nothing built inline (each function call costs a few
+percent of the run path's goal).
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 import threading
+import weakref
+from collections.abc import Callable
 from types import FrameType
-from typing import Any, Final
+from typing import Any, Final, cast
 
 import torch
 
 from .. import _loss_masks, _phases, _runtime, _sources
-from . import _calls, _capabilities, _loss_masking, _recorder, _refusals
+from .._errors import UnsupportedModelError
+from . import (
+    _call_stack,
+    _capabilities,
+    _cuda_graphs,
+    _ddp_settling,
+    _loss_masking,
+    _phase_plan,
+    _recorder,
+    _refusals,
+    _standalone,
+)
+from ._call_stack import CONFIG as _CONFIG
+from ._call_stack import MTP_PROCESS as _MTP_PROCESS
+from ._call_stack import Gates, call_record, gates
+from ._config_view import Views
 from ._config_view import config_view as _config_view
-from ._gate_state import Entry, GateState
+from ._phase_plan import DETACHED as _DETACHED
+from ._phase_plan import RUN as _RUN
+from ._phase_plan import SKIP as _SKIP
+from ._phase_plan import UNTOUCHED as _UNTOUCHED
+from ._phase_plan import PhasePlan
 
-_RUN, _SKIP, _UNTOUCHED, _DETACHED = range(4)  # slots of a phase's counters (_handle.COUNTED)
 _get_ident = threading.get_ident
-_threads = threading.local()  # each thread's frame-naming generator (_calls.start_resumer)
 _getframe = sys._getframe
 _set = object.__setattr__
-_RESTORE: Final = _calls.RESTORE
-_SETTLE: Final = _calls.SETTLE
-_KWARGS: Final = _calls.KWARGS
+# Each thread's frame reader: the runtime keeps this one object for the whole process.
+_threads = _runtime.current.threads
+_RESTORE: Final = _call_stack.RESTORE
+_SETTLE: Final = _call_stack.SETTLE
+_KWARGS: Final = _call_stack.KWARGS
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
 _is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
@@ -47,8 +74,82 @@ _NO_MTP: Final = (("mtp_num_layers", None),)  # the config change of a skip
 _open_blocks = _loss_masks.OPEN  # the context's masks are looked up only while blocks are open
 
 
-class MTPGate(GateState):
+class MTPGate:
     """Consults the policy at every forward of one language model and gates its MTP block."""
+
+    def __init__(self, model: torch.nn.Module, ddp: _ddp_settling.DDPState, verify: bool):
+        self._model = weakref.ref(model)
+        self.cls: Any = cast(Any, type(model))  # hashable for the capability caches
+        self.native = _capabilities.native_flag(self.cls)
+        self.inference_names, self.inference_positions = _capabilities.inference_arguments(self.cls)
+        self.inference_from = min(self.inference_positions, default=sys.maxsize)
+        mode = _capabilities.inference_mode_class()
+        self.inference_active = None if mode is None else mode.is_active
+        self.tied_hazard = not self.native and _capabilities.tied_mtp_stage(model)
+        self.verify = verify
+        self.ddp = ddp
+        self.base = gates(model.mtp_process, model.config)
+        graphs = _cuda_graphs.implementation(model.config)
+        self.loss_stage = _standalone.loss_stage(model)  # follows the MTP stage
+        self.standalone = _standalone.layout(model.config)
+        self.labels_at = _capabilities.labels_position(self.cls)
+        self.local_graphs = (
+            graphs == "local" and not self.loss_stage and _cuda_graphs.mtp_layers_graphed(model)
+        )
+        self.full_graphs = graphs == "full_iteration"
+        if self.full_graphs:
+            _cuda_graphs.refuse_unfollowable_full_graphs()
+        self.ep_overlap = bool(getattr(model.config, "overlap_moe_expert_parallel_comm", False))
+        self.detach_refusal = _refusals.detach_refusal(model.config, graphs)
+        self.checks = verify or self.local_graphs  # a per-call check: plan at every call
+        self.records: list[_call_stack.CallRecord] = []
+        self.handles: list[torch.utils.hooks.RemovableHandle] = []
+        self.on_copy: Callable[[MTPGate], None] | None = None  # set by attach: adopt a deepcopy
+        self._start_fresh()
+
+    def _start_fresh(self) -> None:
+        """The state a gate starts with, and a deep copy's gate starts over with."""
+        self.policy_checked = -1  # the generation whose policy was checked against the model
+        self.counts: dict[Any, list[int]] = {}  # phase -> its counters (_phase_plan.COUNTED)
+        self.cache: dict[Any, PhasePlan] = {}  # phase -> its plan
+        self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
+        self.recorder: _recorder.Recorder | None = None  # made by the first +metrics plan
+        self.views = Views()  # the configs skipped and re-weighted calls run with
+        self.lock = threading.Lock()
+        self.removed = False
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> MTPGate:
+        """The gate of a deep copy of the model, registered through ``on_copy``.
+
+        ``deepcopy`` reaches a gate through the hooks in its model's hook dicts, so the copied
+        model is in ``memo`` (still being filled). The copy gets its own hooks (their handles
+        copied in the same memo point at the copy's hook dicts), fresh counters and plans, no
+        DDP wrapper, and the call records of :func:`._call_stack.copied`.
+        """
+        model = self._model()
+        if model is None or id(model) not in memo:
+            raise UnsupportedModelError(
+                "mtp_hooks: copy the attached model itself, not its gate or AttachHandle"
+            )
+        copied_model = memo[id(model)]
+        new = object.__new__(MTPGate)
+        new.__dict__.update(self.__dict__)
+        new._start_fresh()
+        new._model = weakref.ref(copied_model)
+        new.ddp = _ddp_settling.DDPState(copied_model, [])
+        new.base = copy.deepcopy(self.base, memo)
+        new.records = _call_stack.copied(self.records, new.base, memo)
+        memo[id(self)] = new
+        new.handles = copy.deepcopy(self.handles, memo)
+        new.listen()
+        if self.on_copy is not None:
+            self.on_copy(new)
+        return new
+
+    @property
+    def model(self) -> torch.nn.Module | None:
+        """The gated model, or ``None`` once it has been garbage-collected."""
+        return self._model()
 
     # -- hook registration -------------------------------------------------------------------
     def install(self) -> None:
@@ -85,11 +186,11 @@ class MTPGate(GateState):
             try:
                 owner = next(_threads.resumer)
             except (AttributeError, ValueError):  # the thread's first call; one inside next()
-                owner = _calls.start_resumer(_threads)
+                owner = _call_stack.start_resumer(_threads)
         records = self.records
         if records:  # a running call (nesting, another thread) or an interrupted one
             self._repair(module)
-        entry = self._decide_call(module, args, kwargs, records)
+        plan = self._plan_call(module, args, kwargs, records)
         # -- step 3: apply, under the lock (acquire/release costs a third of a with-statement) --
         lock = self.lock
         lock.acquire()
@@ -99,37 +200,37 @@ class MTPGate(GateState):
             thread = _get_ident()
             base = self.base
             mtp_process, config = module.mtp_process, module.config
-            toggled = mtp_process is not base[0] or config is not base[1]
-            current = (mtp_process, config) if toggled else base
+            toggled = mtp_process is not base[_MTP_PROCESS] or config is not base[_CONFIG]
+            current = gates(mtp_process, config) if toggled else base
             if toggled and not records:  # changed between calls: the new base
                 self.base = base = current
                 toggled = False
-            if entry is None:  # leave MTP as it is
-                records.append((thread, owner, None, False, kwargs))
-            elif not entry.run:
-                self._skip(module, owner, thread, entry.counters, current, kwargs)
-            elif entry.changes is not None:  # a loss weight, +detach
-                self._run_changed(module, owner, thread, entry, current, kwargs)
+            if plan is None:  # leave MTP as it is
+                records.append((thread, owner, None, False, kwargs))  # call_record(), inlined
+            elif not plan.run:
+                self._skip(module, owner, thread, plan.counters, current, kwargs)
+            elif plan.changes is not None:  # a loss weight, +detach
+                self._run_changed(module, owner, thread, plan, current, kwargs)
             else:
-                if toggled and records and _calls.other_thread(records, thread):
-                    _calls.refuse_concurrent(self.records, module, "run")
-                entry.counters[_RUN] += 1
+                if toggled and records and _call_stack.other_thread(records, thread):
+                    _call_stack.refuse_concurrent(self.records, module, "run")
+                plan.counters[_RUN] += 1
                 if toggled:  # a running call changed the gates: this one runs on the base
                     self._apply(module, owner, thread, current, base, kwargs)
                 else:
-                    records.append((thread, owner, None, False, kwargs))
+                    records.append((thread, owner, None, False, kwargs))  # call_record(), inlined
         finally:
             lock.release()
 
-    def _decide_call(
+    def _plan_call(
         self,
         module: torch.nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        records: list[_calls.CallRecord],
-    ) -> Entry | None:
-        """Step 2, without the lock (a plugin may detach, or forward another model): the
-        decision of this call's phase, or ``None`` to leave MTP alone (inference, MTP off)."""
+        records: list[_call_stack.CallRecord],
+    ) -> PhasePlan | None:
+        """Step 2, without the lock (a plugin may detach, or forward another model): the plan
+        of this call's phase, or ``None`` to leave MTP alone (inference, MTP off)."""
         active = self.inference_active
         inference = active is not None and active()
         if kwargs and not inference:
@@ -141,35 +242,39 @@ class MTPGate(GateState):
                 if index < len(args) and args[index] is not None:
                     inference = True
         if inference:
-            self._counters("inference")[_UNTOUCHED] += 1
+            self.counters("inference")[_UNTOUCHED] += 1
             return None
         if _is_compiling():
             _refusals.refuse_compiling()
         if records:  # the gates a running call set are not this call's
-            mtp_process, config = self.base
+            mtp_process, config = self.base[_MTP_PROCESS], self.base[_CONFIG]
         else:
             mtp_process, config = module.mtp_process, module.config
+        phase = _explicit_phase()
+        if phase is None:
+            phase = _TRAIN if module.training and _grad_enabled() else _EVAL
         if not (mtp_process and config.mtp_num_layers):  # MTP is off, or on another stage
             if not self.loss_stage:
                 return None
-            entry = self._follow_mtp_stage(module, args, kwargs)  # never +metrics (refused)
+            # a loss stage: its phase's plan, run or skip as the MTP stage did (never +metrics)
+            plan = _phase_plan.plan(self, module, phase)
+            ran = _standalone.mtp_ran(module, args, kwargs, self.labels_at)
+            if plan.run != ran:  # the MTP stage decided otherwise: do what it did, plainly
+                plan = plan.plainly(ran)
         else:
-            phase = _explicit_phase()
-            if phase is None:
-                phase = _TRAIN if module.training and _grad_enabled() else _EVAL
             cached = self.cache.get(phase)
             runtime = _runtime.current  # while watching, generation() reads the sources
             generation = _sources.generation() if runtime.watching else runtime.generation
             if cached is None or cached.generation != generation or self.checks:
-                entry = self._decide(module, phase)
+                plan = _phase_plan.plan(self, module, phase)
             else:
-                entry = cached
-        if entry.masking or (_open_blocks[0] and entry.run and _loss_masks.context_masks()):
-            _loss_masking.apply(self, module, entry, args, kwargs)  # before +metrics reads it
-        if entry.metrics:  # +metrics: ask model.mtp's output to be measured
+                plan = cached
+        if plan.masking or (_open_blocks[0] and plan.run and _loss_masks.context_masks()):
+            _loss_masking.apply(self.lock, module, plan, args, kwargs)  # before +metrics reads it
+        if plan.metrics:  # +metrics: ask model.mtp's output to be measured
             self.recorder = self.recorder or _recorder.Recorder(module)
-            self.recorder.request(module, entry.phase, args, kwargs)
-        return entry
+            self.recorder.request(module, plan.phase, args, kwargs)
+        return plan
 
     def post_hook(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -177,7 +282,7 @@ class MTPGate(GateState):
         """Restore this call's gates first; then settle DDP state after a completed skip."""
         records = self.records
         try:
-            top: _calls.CallRecord | None = records[-1]
+            top: _call_stack.CallRecord | None = records[-1]
         except IndexError:
             top = None
         if top is None or top[_KWARGS] is not kwargs:  # threads interleave, forward raised, or a
@@ -191,7 +296,7 @@ class MTPGate(GateState):
                 lock.acquire()
                 try:
                     records.remove(top)
-                    _calls.put_back(module, restore)
+                    _call_stack.put_back(module, restore)
                 finally:
                     lock.release()
             if self.removed:
@@ -204,14 +309,14 @@ class MTPGate(GateState):
 
     def _pop_and_restore(
         self, module: torch.nn.Module, kwargs: dict[str, Any], caller: FrameType
-    ) -> _calls.CallRecord | None:
+    ) -> _call_stack.CallRecord | None:
         """Take this call's record and those of interrupted calls; put back what they changed."""
         with self.lock:
-            record = _calls.pop_own(self.records, kwargs, caller)
-            _calls.prune(self.records, module, caller)
+            record = _call_stack.pop_own(self.records, kwargs, caller)
+            _call_stack.prune(self.records, module, caller)
             restore = None if record is None else record[_RESTORE]
             if restore is not None:
-                _calls.put_back(module, restore)
+                _call_stack.put_back(module, restore)
         if self.removed:
             self._finish_removal()
         return record
@@ -221,55 +326,60 @@ class MTPGate(GateState):
         module: torch.nn.Module,
         owner: FrameType,
         thread: int,
-        cached: Entry,
-        current: tuple[Any, Any],
+        plan: PhasePlan,
+        current: Gates,
         kwargs: dict[str, Any],
     ) -> None:
         """Run MTP with the decision's loss weight or detached (under the lock): megatron reads
         both from config fields at forward time, so this call sees config views carrying them.
         A detached call also hands the views to the MTP block and its layers, which read
         ``mtp_detach_heads`` from their own ``config``."""
-        if self.records and _calls.other_thread(self.records, thread):
-            _calls.refuse_concurrent(self.records, module, "run with its own loss weight or detach")
-        cached.counters[_RUN] += 1
-        if cached.loss_scale is not None:
-            self.loss_scales[cached.phase] = cached.loss_scale
-        base_mtp_process, base_config = self.base
-        assert cached.changes is not None
-        view = self.views.get(base_config, cached.changes)
+        if self.records and _call_stack.other_thread(self.records, thread):
+            _call_stack.refuse_concurrent(
+                self.records, module, "run with its own loss weight or detach"
+            )
+        plan.counters[_RUN] += 1
+        if plan.loss_scale is not None:
+            self.loss_scales[plan.phase] = plan.loss_scale
+        base_config = self.base[_CONFIG]
+        assert plan.changes is not None
+        view = self.views.get(base_config, plan.changes)
         subs = None
-        if cached.detach:
-            cached.counters[_DETACHED] += 1
-            subs = _calls.base_subs(self.records) or tuple(
+        if plan.detach:
+            plan.counters[_DETACHED] += 1
+            subs = _call_stack.base_subs(self.records) or tuple(
                 (sub, sub.config) for sub in _capabilities.detach_readers(module)
             )
-            changes = cached.changes
+            changes = plan.changes
             subs = tuple(
                 (sub, view if config is base_config else _config_view(config, changes))
                 for sub, config in subs
             )
-        self._apply(module, owner, thread, current, (base_mtp_process, view), kwargs, subs)
+        self._apply(
+            module, owner, thread, current, gates(self.base[_MTP_PROCESS], view), kwargs, subs
+        )
 
     def _apply(
         self,
         module: torch.nn.Module,
         owner: FrameType,
         thread: int,
-        current: tuple[Any, ...],
-        gates: tuple[Any, ...],
+        current: Gates,
+        changed: Gates,
         kwargs: dict[str, Any],
         subs: tuple[tuple[Any, Any], ...] | None = None,
     ) -> None:
-        """Record this call with what to put back, then set ``gates`` on the model, and
+        """Record this call with what to put back, then set ``changed`` on the model, and
         ``subs`` on the MTP modules. Without ``subs``, MTP modules that a running (outer) call
         detached get their own configs back for this call."""
         if subs is None and self.records:
-            subs = _calls.base_subs(self.records)
+            subs = _call_stack.base_subs(self.records)
         if subs is not None:
             now = tuple((sub, sub.config) for sub, _ in subs)
-            current, gates = (*current, now), (*gates, subs)
-        self.records.append((thread, owner, current, False, kwargs))
-        _calls.put_back(module, gates)
+            current = gates(current[_MTP_PROCESS], current[_CONFIG], now)
+            changed = gates(changed[_MTP_PROCESS], changed[_CONFIG], subs)
+        self.records.append(call_record(thread, owner, current, False, kwargs))
+        _call_stack.put_back(module, changed)
 
     def _skip(
         self,
@@ -277,18 +387,18 @@ class MTPGate(GateState):
         owner: FrameType,
         thread: int,
         counters: list[int],
-        current: tuple[Any, Any],
+        current: Gates,
         kwargs: dict[str, Any],
     ) -> None:
         """Apply a skip (under the lock): the native flag, or the two instance gates."""
         settle = self.ddp.check_skip()
         if not self.native and self.tied_hazard:
             _refusals.refuse_tied_stage_skip()
-        if self.records and _calls.other_thread(self.records, thread):
-            _calls.refuse_concurrent(self.records, module, "skip")
+        if self.records and _call_stack.other_thread(self.records, thread):
+            _call_stack.refuse_concurrent(self.records, module, "skip")
         counters[_SKIP] += 1
-        self.records.append((thread, owner, current, settle, kwargs))
-        _set(module, "config", self.views.get(self.base[1], _NO_MTP))
+        self.records.append(call_record(thread, owner, current, settle, kwargs))
+        _set(module, "config", self.views.get(self.base[_CONFIG], _NO_MTP))
         if self.native:
             # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
             # view tells everything that counts MTP heads (ModelOpt's loss) there are none.
@@ -297,3 +407,56 @@ class MTPGate(GateState):
             kwargs[_capabilities.NATIVE_FLAG] = False
         else:
             _set(module, "mtp_process", False)
+
+    # -- hook removal ---------------------------------------------------------------------------
+    def remove(self) -> None:
+        """Remove both hooks and restore the gates.
+
+        Called while a forward of the model runs (from a plugin, a submodule hook or another
+        thread), it removes the pre-hook now and leaves the restoring hook until that forward
+        returns, so no forward sees the gates flip half-way.
+        """
+        with self.lock:
+            self.removed = True
+            if self.handles:
+                self.handles[0].remove()
+            model = self._model()
+            if model is not None:
+                _call_stack.prune(self.records, model, None)
+        self._finish_removal()
+
+    def _repair(self, module: torch.nn.Module) -> None:
+        """Step 1: put back what calls a ``KeyboardInterrupt`` ended left on the model."""
+        with self.lock:
+            interrupted = _call_stack.prune(self.records, module, None)
+        if interrupted and self.recorder is not None:
+            self.recorder.cancel()  # the metrics request the interrupted call left
+
+    def _finish_removal(self) -> None:
+        """Remove both hooks once no call of the model is running (called by removal, and by
+        the forward hook of each call that ends after it)."""
+        with self.lock:
+            if not self.records:
+                for handle in self.handles:
+                    handle.remove()
+                self.handles = []
+        _runtime.current.listeners.discard(self)
+
+    # -- full-iteration CUDA graphs ------------------------------------------------------------
+    def listen(self) -> None:
+        """With full-iteration graphs, follow every change of what decisions depend on."""
+        if self.full_graphs:
+            _runtime.current.listeners.add(self)
+
+    def after_advance(self) -> None:
+        """Something a decision depends on changed, and megatron's replays run no hook: have
+        megatron capture its full-iteration graphs again (:func:`._cuda_graphs.recapture`)."""
+        if not self.removed and self._model() is not None:
+            _cuda_graphs.recapture()
+
+    def counters(self, phase: Any) -> list[int]:
+        """The counters of ``phase`` (made at its first call)."""
+        counters = self.counts.get(phase)
+        if counters is None:  # threads planning a new phase at once must share one list
+            counters = self.counts.setdefault(phase, _phase_plan.new_counters())
+        return counters

@@ -1,4 +1,5 @@
-"""The handle :func:`mtp_hooks.attach` returns, and the table of attached models.
+"""The handle :func:`mtp_hooks.attach` returns (the table of attached models is the runtime's:
+``_runtime.current.attached``).
 
 torch is imported for annotations only, so importing this module imports neither torch nor
 megatron-core.
@@ -7,19 +8,15 @@ megatron-core.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from .. import _roles
+from .. import _roles, _runtime
 from .._metrics import MTPMetrics
 
 if TYPE_CHECKING:
     import torch
 
     from ._gate import MTPGate
-
-_attached: weakref.WeakKeyDictionary[Any, AttachHandle] = weakref.WeakKeyDictionary()
-
-COUNTED = ("run", "skip", "untouched", "detached", "masked")  # a phase's counters, in order
 
 
 class AttachHandle:
@@ -67,6 +64,8 @@ class AttachHandle:
 
         Example: ``{"train": {"run": 3, "detached": 3, "loss_scale": 0.3}, "eval": {"skip": 1}}``.
         """
+        from ._phase_plan import COUNTED
+
         out: dict[str, dict[str, float]] = {}
         for gate in self.gates:
             for phase, counters in gate.counts.items():
@@ -106,8 +105,9 @@ class AttachHandle:
             model = ref()
             if model is None:
                 continue
-            if _attached.get(model) is self:
-                del _attached[model]
+            attached = _runtime.current.attached
+            if attached.get(model) is self:
+                del attached[model]
             if self.role is not None and _roles.role_of(model) == self.role:
                 _roles.set_role(model, prior)
         self.gates = []

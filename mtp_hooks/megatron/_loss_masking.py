@@ -11,40 +11,32 @@ is refused raises before its forward starts.
 
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .. import _loss_masks
 from .._errors import UnsupportedModelError
-from ..plugins import _registry
-from . import _capabilities
+from .._plugin_registry import registry as _registry
+from . import _capabilities, _refusals
+from ._phase_plan import MASKED
 from ._recorder import call_arguments, derives_labels, takes_loss_mask
 
 if TYPE_CHECKING:
-    from ._gate_state import Entry, GateState
-
-
-MASKED = 4  # the slot of a phase's counters that counts masked calls (_handle.COUNTED)
-UNGUARDED = (
-    "mtp_hooks: this megatron-core divides each MTP depth's loss by its number of masked-in "
-    "positions without guarding zero (process_mtp_loss, which does, came in megatron-core "
-    "0.18), so a mask that leaves a microbatch no position (an all-prompt batch, or only "
-    "negative advantages) would turn the loss and every gradient into NaN. Upgrade "
-    "megatron-core, or drop the MTP loss mask (+mask, the mtp_loss_mask plugin or block)."
-)
+    from ._phase_plan import PhasePlan
 
 
 def apply(
-    gate: GateState,
+    lock: threading.Lock,
     module: torch.nn.Module,
-    entry: Entry,
+    plan: PhasePlan,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> None:
-    """Set the ``loss_mask`` of this call of ``gate``'s model, which runs MTP under ``entry``,
-    to the product of its masks: labels other than the entry's ignore index
-    (``+mask:labels``), plugins' answers when the entry asks for them, the enclosing
+    """Set the ``loss_mask`` of this call of ``module``, which runs MTP under ``plan``,
+    to the product of its masks: labels other than the plan's ignore index
+    (``+mask:labels``), plugins' answers when the plan asks for them, the enclosing
     :func:`mtp_hooks.mtp_loss_mask` blocks (calling those given a function), and the caller's
     own; count it as masked.
 
@@ -61,19 +53,19 @@ def apply(
         return
     caller = kwargs.get("loss_mask")
     answers: list[tuple[str, Any]] = []
-    ignore = entry.ignore_index
+    ignore = plan.ignore_index
     if ignore is not None and labels is not None:  # derived labels have no ignore index
         answers.append(("the policy's +mask:labels", labels != ignore))
-    if entry.masks:
+    if plan.masks:
         given = _registry().loss_masks(
-            module, entry.phase, loss_mask=caller, labels=labels, input_ids=input_ids
+            module, plan.phase, loss_mask=caller, labels=labels, input_ids=input_ids
         )
         answers += [(f"plugin {name!r}", mask) for name, mask in given]
     for source in context:
         if callable(source):  # a mask known only once the framework has its batch
             mask = source(
                 model=module,
-                phase=entry.phase,
+                phase=plan.phase,
                 loss_mask=caller,
                 labels=labels,
                 input_ids=input_ids,
@@ -85,7 +77,7 @@ def apply(
     if not answers:
         return
     if not _capabilities.guards_empty_mtp_masks():
-        raise UnsupportedModelError(UNGUARDED)
+        raise UnsupportedModelError(_refusals.UNGUARDED)
     if not takes_loss_mask(module):
         raise UnsupportedModelError(
             f"mtp_hooks: {type(module).__name__}.forward takes no loss_mask in this "
@@ -105,5 +97,5 @@ def apply(
     if caller is not None:
         product = product * _loss_masks.check(caller, "the caller's loss_mask", like)
     kwargs["loss_mask"] = product
-    with gate.lock:
-        entry.counters[MASKED] += 1
+    with lock:  # the gate's: counters are shared by the calls of the phase
+        plan.counters[MASKED] += 1

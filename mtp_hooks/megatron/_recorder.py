@@ -24,7 +24,7 @@ import torch
 from megatron.core.transformer import multi_token_prediction as _mtp
 
 from .._metrics import MTPMetrics
-from ..plugins import _registry
+from .._plugin_registry import registry as _registry
 
 # Rows of a [6, depths] values tensor: per depth the masked loss sum, the top-1 hits, the
 # positions that count (mask != 0), then the chained hits (every depth up to this one hit) and the

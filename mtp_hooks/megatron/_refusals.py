@@ -5,10 +5,51 @@ Every refusal raises :class:`mtp_hooks.UnsupportedModelError` before anything is
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
+from .. import _sources
 from .._errors import UnsupportedModelError
-from . import _capabilities
+from . import _capabilities, _cuda_graphs, _standalone
+
+UNGUARDED = (
+    "mtp_hooks: this megatron-core divides each MTP depth's loss by its number of masked-in "
+    "positions without guarding zero (process_mtp_loss, which does, came in megatron-core "
+    "0.18), so a mask that leaves a microbatch no position (an all-prompt batch, or only "
+    "negative advantages) would turn the loss and every gradient into NaN. Upgrade "
+    "megatron-core, or drop the MTP loss mask (+mask, the mtp_loss_mask plugin or block)."
+)
+"""Why a megatron-core without ``process_mtp_loss`` takes no MTP loss mask (0.16, 0.17)."""
+
+
+class ExecutionMode(Protocol):
+    """What a gate knows, from attach, of how its model runs (``MTPGate`` has these)."""
+
+    local_graphs: bool
+    full_graphs: bool
+    ep_overlap: bool
+    detach_refusal: str | None
+    standalone: bool
+
+
+def check_policy(gate: ExecutionMode, model: Any, role: str | None) -> None:
+    """Refuse a policy this model's execution mode cannot follow: CUDA graphs, the combined
+    1F1B schedule, ``+detach`` where it cannot work, ``+metrics`` in a standalone-MTP layout,
+    masks where megatron would divide by zero. Called at attach and whenever the policy
+    changes, so the news comes before the first training step."""
+    if gate.local_graphs:
+        _cuda_graphs.check_policy(model, role)
+    if gate.full_graphs:
+        _cuda_graphs.check_full_iteration_policy(model, role)
+    if gate.ep_overlap:
+        check_ep_overlap_policy(model, role)
+    if gate.detach_refusal is not None:
+        check_detach_policy(role, gate.detach_refusal)
+    else:
+        check_detach_clipping(model, role)
+    if gate.standalone:
+        _standalone.check_policy(role)
+    if not _capabilities.guards_empty_mtp_masks():
+        check_mask_policy(role)
 
 
 def refuse_tied_stage_skip() -> None:
@@ -81,34 +122,10 @@ def detach_refusal(config: Any, graphs: str | None) -> str | None:
     return None
 
 
-def _configured_with(role: str | None, option: str) -> list[str]:
-    """The phases whose policy config entry for ``role`` sets ``option`` (metrics, detach)."""
-    from .. import _phases, _sources
-
-    return [
-        name
-        for name in _phases.known_phases()
-        if getattr(_sources.lookup(role, name), option, None)
-    ]
-
-
-def check_standalone_policy(role: str | None) -> None:
-    """Refuse ``+metrics`` in a layout whose MTP has a stage of its own: the MTP stage has no
-    output layer to measure with, and the loss stage no MTP block to hook."""
-    for name in _configured_with(role, "metrics"):
-        raise UnsupportedModelError(
-            f"mtp_hooks: the policy config records MTP metrics in {name} (+metrics), but "
-            "this pipeline layout puts MTP on a stage of its own (config.mtp_standalone): "
-            "the MTP stage has no output layer to measure the depths with, and the stage "
-            "that computes the losses has no MTP block to hook. Drop '+metrics' there; "
-            "megatron logs the training MTP loss itself ('mtp_1 loss')."
-        )
-
-
 def check_detach_policy(role: str | None, refusal: str) -> None:
     """Refuse now a policy config that detaches MTP in some phase of a model that cannot.
     Reads the config only: a plugin's answer is checked when it is given, before the forward."""
-    for name in _configured_with(role, "detach"):
+    for name in _sources.configured_with(role, "detach"):
         refuse_detach(name, "the policy config", refusal)
 
 
@@ -139,15 +156,13 @@ def clipping_refusal(model: Any) -> str | None:
 def check_detach_clipping(model: Any, role: str | None) -> None:
     """Refuse now a policy config that detaches MTP in some phase of a model whose MTP weights
     a global clip would mix with the trunk's."""
-    names = _configured_with(role, "detach")
+    names = _sources.configured_with(role, "detach")
     if names and (refusal := clipping_refusal(model)) is not None:
         refuse_detach(names[0], "the policy config", refusal)
 
 
 def check_mask_policy(role: str | None) -> None:
     """Refuse now a policy config that masks the MTP loss (``+mask:labels``) on a megatron-core
-    whose MTP loss divides by an unguarded count (:data:`._loss_masking.UNGUARDED`)."""
-    from ._loss_masking import UNGUARDED
-
-    for name in _configured_with(role, "mask"):
+    whose MTP loss divides by an unguarded count (:data:`UNGUARDED`)."""
+    for name in _sources.configured_with(role, "mask"):
         raise UnsupportedModelError(f"{UNGUARDED} (the policy config masks it in {name})")

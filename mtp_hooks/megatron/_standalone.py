@@ -21,7 +21,39 @@ from __future__ import annotations
 
 from typing import Any
 
+from .. import _sources
 from .._errors import UnsupportedModelError
+
+
+def layout(config: Any) -> bool:
+    """Whether ``config`` describes a layout whose MTP has a pipeline stage of its own."""
+    return bool(getattr(config, "mtp_standalone", False))
+
+
+def loss_stage(model: Any) -> bool:
+    """Whether ``model`` is the stage that computes the losses of such a layout: it has the
+    output layer and ``mtp_num_layers``, no MTP block, and computes the MTP losses from the
+    depths the MTP stage sends along."""
+    config = getattr(model, "config", None)
+    return (
+        layout(config)
+        and bool(getattr(config, "mtp_num_layers", None))
+        and bool(getattr(model, "post_process", False))
+        and not getattr(model, "mtp_process", False)
+    )
+
+
+def check_policy(role: str | None) -> None:
+    """Refuse ``+metrics`` in such a layout: the MTP stage has no output layer to measure
+    with, and the loss stage no MTP block to hook."""
+    for name in _sources.configured_with(role, "metrics"):
+        raise UnsupportedModelError(
+            f"mtp_hooks: the policy config records MTP metrics in {name} (+metrics), but "
+            "this pipeline layout puts MTP on a stage of its own (config.mtp_standalone): "
+            "the MTP stage has no output layer to measure the depths with, and the stage "
+            "that computes the losses has no MTP block to hook. Drop '+metrics' there; "
+            "megatron logs the training MTP loss itself ('mtp_1 loss')."
+        )
 
 
 def mtp_ran(

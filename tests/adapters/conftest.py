@@ -1,3 +1,8 @@
-"""Adapter tests run on real megatron-core models on a CPU (fixtures in tests/model_fixtures.py)."""
+"""Adapter tests run on real megatron-core models on a CPU (fixtures: tests/model_fixtures.py)."""
 
-from model_fixtures import *  # noqa: F401,F403
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def zeroed_mtp_tracker(mtp_tracker):
+    """Every test starts with megatron's MTP loss tracker zeroed, on the CPU."""

@@ -71,11 +71,11 @@ def test_the_role_given_at_attach_is_seen_by_config_and_plugins(build, batch, vo
     seen = []
 
     class RoleReader:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, model, phase):
             seen.append(mtp_hooks.role_of(model))
 
-    mtp_hooks.register(RoleReader(), name="role-reader")
+    mtp_hooks.plugins.register(RoleReader(), name="role-reader")
     model(*batch.args(), labels=batch.labels)
     assert seen == ["teacher"] and mtp_hooks.role_of(model) == "teacher"
     handle.remove()

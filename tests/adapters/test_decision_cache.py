@@ -63,7 +63,7 @@ def test_register_and_unregister_invalidate(model, batch, voter):
     assert not skipped(model, batch)
     voter(False, "skipper")
     assert skipped(model, batch)
-    mtp_hooks.unregister("skipper")
+    mtp_hooks.plugins.unregister("skipper")
     assert not skipped(model, batch)
 
 
@@ -106,7 +106,7 @@ class CacheableVoter:
         self.vote = vote
         self.calls = 0
 
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     @cacheable_vote
     def should_run_mtp(self, model, phase):
         self.calls += 1
@@ -116,7 +116,7 @@ class CacheableVoter:
 def test_a_cacheable_vote_is_asked_once_per_phase_until_votes_change(model, batch):
     mtp_hooks.configure(None)
     plugin = CacheableVoter(False)
-    mtp_hooks.register(plugin, name="cached")
+    mtp_hooks.plugins.register(plugin, name="cached")
     assert skipped(model, batch) and skipped(model, batch) and plugin.calls == 1
     plugin.vote = True
     votes_changed()
@@ -127,7 +127,7 @@ def test_role_settings_changes_reach_a_cacheable_vote(model, batch):
     settings = RoleSettings[bool]()
     settings.set(True)
     mtp_hooks.configure(None)
-    mtp_hooks.register(CacheableVoter(lambda m: settings.get(None)), name="settings")
+    mtp_hooks.plugins.register(CacheableVoter(lambda m: settings.get(None)), name="settings")
     assert not skipped(model, batch)
     settings.set(False)
     assert skipped(model, batch)
@@ -136,7 +136,7 @@ def test_role_settings_changes_reach_a_cacheable_vote(model, batch):
 def test_one_plugin_that_votes_uncached_makes_every_forward_ask_them_all(model, batch, voter):
     mtp_hooks.configure(None)
     cached = CacheableVoter(None)
-    mtp_hooks.register(cached, name="cached")
+    mtp_hooks.plugins.register(cached, name="cached")
     model(*batch.args(), labels=batch.labels)
     uncached = voter(None, "uncached")
     for _ in range(3):
@@ -148,7 +148,7 @@ def test_a_cacheable_vote_is_kept_per_model(build, batch):
     first, second = build(seed=1), build(seed=2)
     mtp_hooks.attach([first, second])
     plugin = CacheableVoter(lambda m: m is first)  # run on the first model only
-    mtp_hooks.register(plugin, name="per-model")
+    mtp_hooks.plugins.register(plugin, name="per-model")
     for _ in range(2):
         assert not skipped(first, batch) and skipped(second, batch)
     assert plugin.calls == 2

@@ -17,6 +17,7 @@ import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
 from model_fixtures import Paused, deepcopy_model, forward_in, has_detach_field, train_step
+from plugin_answers import answers
 
 needs_field = pytest.mark.skipif(
     not has_detach_field(), reason="mtp_detach_heads came in megatron-core 0.19"
@@ -274,12 +275,7 @@ def test_detach_asked_after_attach_by_a_plugin_is_refused_before_mtp_runs(build,
     mtp_hooks.configure("train=run")
     train_step(model, batch)
 
-    class Detacher:
-        @mtp_hooks.hookimpl
-        def mtp_detach_heads(self, model, phase):
-            return True
-
-    mtp_hooks.register(Detacher(), name="detacher")
+    answers("mtp_detach_heads", True, name="detacher")
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="plugin detacher asks to detach"):
         train_step(model, batch)
     assert model.config is config and counter.n == 1

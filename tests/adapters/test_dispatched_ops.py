@@ -12,7 +12,6 @@ Each count follows one warm-up call of the same kind (first calls allocate lazil
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 
 import pytest
@@ -23,43 +22,13 @@ pytest.importorskip("megatron.core")
 import mtp_hooks  # noqa: E402
 from mtp_hooks.demo import tiny_models  # noqa: E402
 
+from dispatch_counts import dispatched, phase_steps  # noqa: E402
 from model_fixtures import SEQ, VOCAB  # noqa: E402
 
-Ops = collections.Counter[tuple[str, str]]
 
-
-def dispatched(step) -> Ops:
-    """The ATen operations ``step()`` dispatches, with their input shapes, counted."""
-    step()  # warm-up: the first call of a kind allocates what later calls reuse
-    cpu = [torch.profiler.ProfilerActivity.CPU]
-    with torch.profiler.profile(activities=cpu, record_shapes=True) as prof:
-        step()
-    return collections.Counter(
-        (event.name, str(event.input_shapes))
-        for event in prof.events()
-        if event.name.startswith("aten::")
-    )
-
-
-def steps(model, batch) -> dict[str, object]:
-    """A train step, a log-prob forward and an eval forward of ``model``."""
-
-    def train():
-        model.train()
-        model.zero_grad(set_to_none=True)
-        model(*batch.args(), labels=batch.labels).float().mean().backward()
-
-    def rollout():
-        model.eval()
-        with torch.no_grad(), mtp_hooks.phase("rollout"):
-            model(*batch.args())
-
-    def evaluate():
-        model.eval()
-        with torch.no_grad():
-            model(*batch.args(), labels=batch.labels)
-
-    return {"train": train, "rollout": rollout, "eval": evaluate}
+def steps(model, batch):
+    """A train step, a log-prob forward and an eval forward of ``model`` on ``batch``."""
+    return phase_steps(model, batch.args(), batch.labels)
 
 
 def without_mtp(kind: str, build):

@@ -1,4 +1,4 @@
-"""The examples run as the README shows them."""
+"""The examples run as the user guide (docs/user-guide.md) shows them."""
 
 from __future__ import annotations
 

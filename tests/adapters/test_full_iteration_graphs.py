@@ -23,6 +23,8 @@ if not hasattr(Wrapper, "reset_cuda_graph"):
 import mtp_hooks  # noqa: E402
 from mtp_hooks.framework import cacheable_vote  # noqa: E402
 
+from plugin_answers import answers  # noqa: E402
+
 
 def full_graphs(model):
     """``model`` with a config of its own that declares full-iteration graphs."""
@@ -110,7 +112,7 @@ def test_a_dropped_model_stops_following_changes(build, captured):
 def test_a_reset_drops_the_captured_graphs_and_keeps_the_model_following_changes(build, captured):
     model = full_graphs(build())
     mtp_hooks.attach(model)
-    mtp_hooks.reset()  # the policy it clears may have decided what was captured
+    mtp_hooks.testing.reset()  # the policy it clears may have decided what was captured
     assert Wrapper.cuda_graph["training"] is None
     captured()
     mtp_hooks.configure("train=skip")
@@ -160,14 +162,14 @@ def test_a_plugin_asked_at_every_forward_is_refused_at_the_first_forward_after_i
 
 def test_a_cacheable_plugin_vote_is_followed(build, batch, count_mtp):
     class SkipEval:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         @cacheable_vote
         def should_run_mtp(self, model, phase):
             return phase != "eval"
 
     model = full_graphs(build())
     counter = count_mtp(model)
-    mtp_hooks.register(SkipEval(), name="skip-eval")
+    mtp_hooks.plugins.register(SkipEval(), name="skip-eval")
     mtp_hooks.attach(model)
     model(*batch.args(), labels=batch.labels)
     model.eval()
@@ -177,13 +179,8 @@ def test_a_cacheable_plugin_vote_is_followed(build, batch, count_mtp):
 
 
 def test_a_plugin_loss_weight_under_full_iteration_graphs_is_refused(build):
-    class Weight:
-        @mtp_hooks.hookimpl
-        def mtp_loss_scale(self, model, phase):
-            return 0.3
-
     model = full_graphs(build())
-    mtp_hooks.register(Weight(), name="schedule")
+    answers("mtp_loss_scale", 0.3, name="schedule")
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="loss weight of plugin"):
         mtp_hooks.attach(model)
     mtp_hooks.configure("train=run:0.3,eval=run:0.3")  # a weight from the config is constant

@@ -137,7 +137,7 @@ def test_zero_gradients_still_move_mtp_weights_under_adamw_weight_decay(build, b
     moved = [
         n for n, p in model.named_parameters() if n in before and not torch.equal(p, before[n])
     ]
-    assert moved  # why the README recommends freeze_mtp for truly frozen weights
+    assert moved  # why docs/distributed.md recommends freeze_mtp for truly frozen weights
 
 
 def test_a_skip_on_a_bare_model_inside_megatron_ddp_is_refused_with_the_fix(build, batch):

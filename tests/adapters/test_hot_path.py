@@ -152,7 +152,7 @@ def test_a_forward_that_raises_restores_through_the_kwargs_match(build, batch):
 def test_a_forward_started_while_its_threads_frame_generator_runs_names_its_frame_the_slow_way(
     build, batch
 ):
-    from mtp_hooks.megatron import _calls
+    from mtp_hooks.megatron import _call_stack
 
     model = build()
     handle = mtp_hooks.attach(model)
@@ -161,7 +161,7 @@ def test_a_forward_started_while_its_threads_frame_generator_runs_names_its_fram
     nested = []
 
     def tracer(frame, event, arg):  # runs inside the generator's resumption
-        if frame.f_code is _calls._resumer.__code__ and not nested:
+        if frame.f_code is _call_stack._resumer.__code__ and not nested:
             nested.append(model(*batch.args(), labels=batch.labels))
         return None
 

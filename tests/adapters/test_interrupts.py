@@ -112,12 +112,12 @@ def test_a_plugin_that_detaches_while_deciding_leaves_one_consistent_forward(bui
     handle = mtp_hooks.attach(model)
 
     class Detacher:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, model, phase):
             mtp_hooks.detach(model) if how == "detach" else handle.remove()
             return False
 
-    mtp_hooks.register(Detacher(), name="detacher")
+    mtp_hooks.plugins.register(Detacher(), name="detacher")
     seen = []
     model.decoder.register_forward_pre_hook(
         lambda m, a: seen.append((model.mtp_process, model.config is config))

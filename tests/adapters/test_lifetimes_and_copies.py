@@ -45,7 +45,7 @@ def test_reset_does_not_keep_attached_models_alive(build):
     model = build()
     mtp_hooks.attach(model)
     ref = weakref.ref(model)
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     del model
     gc.collect()
     assert ref() is None

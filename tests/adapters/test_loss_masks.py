@@ -52,7 +52,7 @@ class Masker:
     def __init__(self, mask) -> None:
         self.mask, self.calls = mask, 0
 
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     def mtp_loss_mask(self, model, phase, loss_mask, labels, input_ids):
         self.calls += 1
         return self.mask
@@ -62,7 +62,7 @@ def test_a_plugins_mask_trains_mtp_exactly_as_passing_it_as_loss_mask(build, bat
     mask = response_only(batch)
     hooked, plain = build(seed=3), build(seed=3)
     mtp_hooks.attach(hooked)
-    mtp_hooks.register(Masker(mask), name="masker")
+    mtp_hooks.plugins.register(Masker(mask), name="masker")
     loss, grads = masked_step(hooked, batch)
     expected_loss, expected = masked_step(plain, batch, loss_mask=mask)
     assert torch.equal(loss, expected_loss) and same(grads, expected)
@@ -142,7 +142,7 @@ def test_plugin_block_and_caller_masks_multiply(build, batch):
     odd = (torch.arange(SEQ) % 2).float().expand_as(weights).contiguous()
     hooked, plain = build(seed=6), build(seed=6)
     mtp_hooks.attach(hooked)
-    mtp_hooks.register(Masker(halves.bool()), name="halves")
+    mtp_hooks.plugins.register(Masker(halves.bool()), name="halves")
     with mtp_hooks.mtp_loss_mask(weights), mtp_hooks.mtp_loss_mask(odd):
         _, grads = masked_step(hooked, batch, loss_mask=odd)
     _, expected = masked_step(plain, batch, loss_mask=halves * weights * odd * odd)
@@ -174,7 +174,7 @@ def test_a_skipped_forward_ignores_masks_and_asks_no_plugin(build, batch, count_
     counter = count_mtp(model)
     masker = Masker(torch.full_like(batch.labels, float("nan"), dtype=torch.float32))
     mtp_hooks.attach(model)
-    mtp_hooks.register(masker, name="masker")
+    mtp_hooks.plugins.register(masker, name="masker")
     mtp_hooks.configure("train=skip")
     masked_step(model, batch)
     assert masker.calls == 0 and counter.n == 0
@@ -201,12 +201,12 @@ def test_a_bad_plugin_mask_is_refused_naming_the_plugin_and_changes_nothing(
     counter = count_mtp(model)
     config, process = model.config, model.mtp_process
     mtp_hooks.attach(model)
-    mtp_hooks.register(Masker(answer(batch)), name="bad")
+    mtp_hooks.plugins.register(Masker(answer(batch)), name="bad")
     with pytest.raises(mtp_hooks.PolicyError, match=message) as info:
         masked_step(model, batch)
     assert str(info.value).startswith("plugin 'bad' gave")
     assert counter.n == 0 and model.config is config and model.mtp_process is process
-    mtp_hooks.unregister("bad")
+    mtp_hooks.plugins.unregister("bad")
     masked_step(model, batch)
     assert counter.n == 1
 
@@ -354,7 +354,7 @@ def test_plugin_masks_false_leaves_plugins_unasked_while_blocks_still_apply(buil
     hooked, plain = build(seed=13), build(seed=13)
     masker = Masker(torch.zeros_like(mask))
     mtp_hooks.attach(hooked)
-    mtp_hooks.register(masker, name="masker")
+    mtp_hooks.plugins.register(masker, name="masker")
     mtp_hooks.configure({"train": {"mtp": "run", "plugin_masks": False}})
     with mtp_hooks.mtp_loss_mask(mask):
         _, grads = masked_step(hooked, batch)
@@ -364,7 +364,7 @@ def test_plugin_masks_false_leaves_plugins_unasked_while_blocks_still_apply(buil
 
 def test_explain_names_every_mask_source(build):
     model = build()
-    mtp_hooks.register(Masker(None), name="masker")
+    mtp_hooks.plugins.register(Masker(None), name="masker")
     mtp_hooks.configure("train=run+mask:labels")
     text = mtp_hooks.explain(model, "train")
     assert "MTP loss mask: labels other than -100 (from config); plugins masker" in text
@@ -430,7 +430,7 @@ def test_under_a_weight_or_detach_a_block_mask_trains_as_passing_it_as_loss_mask
                 model, batch, loss_mask=mask if how == "loss_mask" else None
             )
         handle.remove()
-        mtp_hooks.reset()
+        mtp_hooks.testing.reset()
     assert same(grads["block"], grads["loss_mask"])
     mtp = {n for n in grads["block"] if n.startswith("mtp.")}
     assert any(not torch.equal(grads["block"][n], grads["unmasked"][n]) for n in mtp)

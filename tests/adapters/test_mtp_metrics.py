@@ -41,7 +41,7 @@ class Listener:
     def __init__(self) -> None:
         self.calls: list[tuple[object, object, MTPMetrics]] = []
 
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     def mtp_metrics(self, model, phase, metrics):
         self.calls.append((model, phase, metrics))
 
@@ -63,7 +63,7 @@ def test_a_training_mode_forward_records_exactly_what_megatron_logs(deep, batch,
     tiny_models.reset_mtp_loss_tracker(num_layers=DEPTHS)
     model = deep()
     listener = Listener()
-    mtp_hooks.register(listener)
+    mtp_hooks.plugins.register(listener)
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("eval=run+metrics")
     model.train()  # megatron logs MTP only in training mode
@@ -127,7 +127,7 @@ def test_a_weighted_mask_weighs_the_loss_but_acceptance_counts_positions(deep, b
     model = deep()
     set_head_to_predict(model, 7)
     listener = Listener()
-    mtp_hooks.register(listener)
+    mtp_hooks.plugins.register(listener)
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("eval=run+metrics,train=run+metrics")
     labels = torch.full_like(batch.labels, 7)
@@ -193,7 +193,7 @@ def test_running_means_weigh_positions_and_reset_clears_them(deep, batch, loss_m
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("eval=run+metrics")
     listener = Listener()
-    mtp_hooks.register(listener)
+    mtp_hooks.plugins.register(listener)
     model.eval()
     with torch.no_grad():
         model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)
@@ -215,7 +215,7 @@ def test_without_metrics_in_the_policy_nothing_is_recorded_or_hooked(deep, batch
     mtp_hooks.configure("eval=run")
     hooks_before = dict(model.mtp._forward_hooks)
     listener = Listener()
-    mtp_hooks.register(listener)
+    mtp_hooks.plugins.register(listener)
     seen: list[dict] = []
     probe = model.decoder.register_forward_hook(
         lambda *a: seen.append(dict(model.mtp._forward_hooks))
@@ -262,7 +262,7 @@ def test_metrics_follow_the_role(deep, batch):
 
 def test_a_raising_metrics_plugin_is_named_and_the_model_is_restored(deep, batch):
     class Broken:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def mtp_metrics(self, model, phase, metrics):
             raise RuntimeError("writer closed")
 
@@ -270,7 +270,7 @@ def test_a_raising_metrics_plugin_is_named_and_the_model_is_restored(deep, batch
     shared = model.config
     mtp_hooks.attach(model)
     mtp_hooks.configure("eval=run:0.3+metrics")
-    mtp_hooks.register(Broken(), name="broken-logger")
+    mtp_hooks.plugins.register(Broken(), name="broken-logger")
     model.eval()
     with torch.no_grad(), pytest.raises(PluginError, match="broken-logger.*mtp_metrics"):
         model(*batch.args(), labels=batch.labels)
@@ -299,11 +299,11 @@ def test_a_skipped_forward_records_nothing(deep, batch):
     mtp_hooks.configure("eval=auto+metrics")
 
     class SkipEval:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, model, phase):
             return phase != "eval"
 
-    mtp_hooks.register(SkipEval())
+    mtp_hooks.plugins.register(SkipEval())
     with torch.no_grad():
         model.eval()
         model(*batch.args(), labels=batch.labels)
@@ -379,7 +379,7 @@ def test_models_of_different_depth_on_one_handle_add_up_depth_by_depth(build, de
     handle = mtp_hooks.attach([shallow, two_deep])
     mtp_hooks.configure("eval=run+metrics")
     listener = Listener()
-    mtp_hooks.register(listener)
+    mtp_hooks.plugins.register(listener)
     for model in (shallow, two_deep):
         model.eval()
         with torch.no_grad():

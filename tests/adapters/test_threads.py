@@ -84,7 +84,7 @@ def test_threads_deciding_a_new_phase_at_once_count_into_one_list(build, batch):
     handle = mtp_hooks.attach(model)
     gate = handle.gates[0]
     gate.counts = AlwaysMissing()
-    first, second = gate._counters("eval"), gate._counters("eval")
+    first, second = gate.counters("eval"), gate.counters("eval")
     assert first is second  # with get-then-assign, the second thread replaced the first's list
     mtp_hooks.configure("eval=run")
     model.eval()

@@ -26,7 +26,7 @@ def train_action() -> str:
 
 def test_a_scripted_acceptance_series_gives_the_specified_decisions():
     controller = AcceptanceController(target=1.0, below=0.3, above=None, window=2)
-    mtp_hooks.register(controller, name="drafter")
+    mtp_hooks.plugins.register(controller, name="drafter")
     series = [0.4, 0.8, 1.6, 1.2, 0.2, 0.1]  # pooled over 2: 0.4, 0.6, 1.2, 1.4, 0.7, 0.15
     seen = [train_action()]  # before any figures: train the drafter
     for value in series:
@@ -38,7 +38,7 @@ def test_a_scripted_acceptance_series_gives_the_specified_decisions():
 
 def test_figures_are_weighted_by_positions_and_collected_between_updates():
     controller = AcceptanceController(target=1.0, below=0.3, above=0.1)
-    mtp_hooks.register(controller, name="drafter")
+    mtp_hooks.plugins.register(controller, name="drafter")
     model = object()
     controller.mtp_metrics(model, "eval", measured(2.0, positions=100))
     controller.mtp_metrics(model, "eval", measured(0.0, positions=300))
@@ -54,7 +54,7 @@ def test_acceptance_at_a_depth_can_be_the_target_metric():
     controller = AcceptanceController(
         target=0.4, below=0.3, above=None, metric="chain_acceptance", depth=2
     )
-    mtp_hooks.register(controller, name="drafter")
+    mtp_hooks.plugins.register(controller, name="drafter")
     controller.update(measured(0.0, acceptance=0.8))  # chain at depth 2: 0.2
     assert train_action() == "run:0.3"
     controller.update(measured(0.0, acceptance=1.0))  # 0.25 and 0.2 pooled over window 1

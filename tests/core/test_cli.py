@@ -30,7 +30,7 @@ def plugin_dir(tmp_path):
             """
             import mtp_hooks
 
-            @mtp_hooks.hookimpl
+            @mtp_hooks.plugins.hookimpl
             def should_run_mtp(model, phase):
                 return False if phase == "rollout" else None
             """

@@ -9,9 +9,7 @@ import pytest
 import mtp_hooks
 from mtp_hooks import Phase
 
-
-class Model:
-    """Any weak-referenceable object can carry a role; decide() never looks inside it."""
+from plugin_answers import Model
 
 
 def test_with_no_config_and_no_plugins_mtp_runs_by_default():
@@ -106,21 +104,21 @@ def test_plugins_receive_the_model_and_the_canonical_phase(voter):
 
 def test_a_plugin_may_implement_the_hook_with_only_the_phase_argument():
     class PhaseOnly:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, phase):
             return phase != Phase.ROLLOUT
 
-    mtp_hooks.register(PhaseOnly(), name="phase-only")
+    mtp_hooks.plugins.register(PhaseOnly(), name="phase-only")
     assert mtp_hooks.decide(None, "rollout").run is False
 
 
 def test_a_non_bool_vote_is_an_error_naming_the_plugin():
     class SaysSkip:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, model, phase):
             return "skip"
 
-    mtp_hooks.register(SaysSkip(), name="says-skip")
+    mtp_hooks.plugins.register(SaysSkip(), name="says-skip")
     with pytest.raises(mtp_hooks.PolicyError, match="'says-skip'.*returned 'skip'"):
         mtp_hooks.decide(None, "eval")
 
@@ -129,11 +127,11 @@ def test_a_non_bool_vote_is_an_error_naming_the_plugin():
 def test_registration_order_never_changes_the_outcome(votes):
     outcomes = set()
     for order in itertools.permutations(range(len(votes))):
-        mtp_hooks.reset()
+        mtp_hooks.testing.reset()
         for i in order:
             plugin = type(f"P{i}", (), {})()
-            plugin.should_run_mtp = mtp_hooks.hookimpl(lambda model, phase, v=votes[i]: v)
-            mtp_hooks.register(plugin, name=f"p{i}")
+            plugin.should_run_mtp = mtp_hooks.plugins.hookimpl(lambda model, phase, v=votes[i]: v)
+            mtp_hooks.plugins.register(plugin, name=f"p{i}")
         try:
             d = mtp_hooks.decide(None, "train")
             outcomes.add((d.run, d.decided_by, tuple(d.votes.items())))

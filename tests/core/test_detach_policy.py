@@ -7,16 +7,7 @@ import pytest
 import mtp_hooks
 from mtp_hooks import cli
 
-
-class Detacher:
-    def __init__(self, answer):
-        self.answer = answer
-
-    @mtp_hooks.hookimpl
-    def mtp_detach_heads(self, model, phase):
-        if isinstance(self.answer, Exception):
-            raise self.answer
-        return self.answer
+from plugin_answers import answers
 
 
 @pytest.mark.parametrize(
@@ -63,14 +54,14 @@ def test_auto_with_detach_detaches_only_when_the_plugins_run_mtp(voter):
     mtp_hooks.configure("train=auto+detach")
     plugin = voter(True, name="v")
     assert mtp_hooks.decide(None, "train").detach is True
-    plugin.vote = False
+    plugin.value = False
     mtp_hooks.configure("train=auto+detach")  # a new generation: decide again
     decision = mtp_hooks.decide(None, "train")
     assert (decision.run, decision.detach) == (False, False)
 
 
 def test_a_plugin_detaches_when_the_config_does_not_say():
-    mtp_hooks.register(Detacher(True), name="drafter")
+    answers("mtp_detach_heads", True, name="drafter")
     decision = mtp_hooks.decide(None, "train")
     assert (decision.detach, decision.detach_by) == (True, "drafter")
     mtp_hooks.configure({"train": {"mtp": "run", "detach": False}})  # the config settles it
@@ -78,21 +69,21 @@ def test_a_plugin_detaches_when_the_config_does_not_say():
 
 
 def test_plugins_that_abstain_or_say_false_leave_the_models_own_setting():
-    mtp_hooks.register(Detacher(None), name="quiet")
-    mtp_hooks.register(Detacher(False), name="no")
+    answers("mtp_detach_heads", None, name="quiet")
+    answers("mtp_detach_heads", False, name="no")
     decision = mtp_hooks.decide(None, "train")
     assert (decision.detach, decision.detach_by) == (False, None)
 
 
 def test_a_skip_never_detaches():
-    mtp_hooks.register(Detacher(True), name="drafter")
+    answers("mtp_detach_heads", True, name="drafter")
     mtp_hooks.configure("eval=skip")
     assert mtp_hooks.decide(None, "eval").detach is False
 
 
 def test_plugins_that_disagree_on_detaching_raise_a_conflict_naming_both():
-    mtp_hooks.register(Detacher(True), name="a")
-    mtp_hooks.register(Detacher(False), name="b")
+    answers("mtp_detach_heads", True, name="a")
+    answers("mtp_detach_heads", False, name="b")
     with pytest.raises(mtp_hooks.PolicyConflictError, match=r"a=True, b=False.*run\+detach"):
         mtp_hooks.decide(None, "train")
     assert "CONFLICT" in mtp_hooks.explain(None, "train")
@@ -106,16 +97,16 @@ def test_plugins_that_disagree_on_detaching_raise_a_conflict_naming_both():
     ],
 )
 def test_a_bad_plugin_answer_names_the_plugin(answer, error, message):
-    mtp_hooks.register(Detacher(answer), name="bad")
+    answers("mtp_detach_heads", answer, name="bad")
     with pytest.raises(error, match=message):
         mtp_hooks.decide(None, "train")
 
 
 def test_a_plugin_answer_is_asked_again_at_every_decision():
-    plugin = Detacher(True)
-    mtp_hooks.register(plugin, name="drafter")
+    plugin = answers("mtp_detach_heads", True)
+    mtp_hooks.plugins.register(plugin, name="drafter")
     assert mtp_hooks.decide(None, "train").detach is True
-    plugin.answer = None  # no votes_changed(): an answer may follow the drafter's acceptance
+    plugin.value = None  # no votes_changed(): an answer may follow the drafter's acceptance
     assert mtp_hooks.decide(None, "train").detach is False
 
 

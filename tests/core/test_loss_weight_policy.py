@@ -7,16 +7,7 @@ import pytest
 import mtp_hooks
 from mtp_hooks.framework import loss_scale_schedule
 
-
-class Weigher:
-    def __init__(self, scale):
-        self.scale = scale
-
-    @mtp_hooks.hookimpl
-    def mtp_loss_scale(self, model, phase):
-        if isinstance(self.scale, Exception):
-            raise self.scale
-        return self.scale
+from plugin_answers import answers
 
 
 @pytest.mark.parametrize(
@@ -76,7 +67,7 @@ def test_a_zero_weight_is_a_run_and_the_error_for_bad_ones_points_to_skip():
 
 
 def test_a_plugin_gives_the_weight_when_the_config_does_not():
-    mtp_hooks.register(Weigher(0.2), name="schedule")
+    answers("mtp_loss_scale", 0.2, name="schedule")
     decision = mtp_hooks.decide(None, "train")
     assert (decision.loss_scale, decision.loss_scale_by) == (0.2, "schedule")
     mtp_hooks.configure("train=run:0.3")
@@ -84,14 +75,14 @@ def test_a_plugin_gives_the_weight_when_the_config_does_not():
 
 
 def test_a_skip_carries_no_weight():
-    mtp_hooks.register(Weigher(0.2), name="schedule")
+    answers("mtp_loss_scale", 0.2, name="schedule")
     mtp_hooks.configure("eval=skip")
     assert mtp_hooks.decide(None, "eval").loss_scale is None
 
 
 def test_plugins_that_disagree_on_the_weight_raise_a_conflict_naming_both():
-    mtp_hooks.register(Weigher(0.2), name="a")
-    mtp_hooks.register(Weigher(0.3), name="b")
+    answers("mtp_loss_scale", 0.2, name="a")
+    answers("mtp_loss_scale", 0.3, name="b")
     with pytest.raises(mtp_hooks.PolicyConflictError, match="a=0.2, b=0.3.*train=run:0.1"):
         mtp_hooks.decide(None, "train")
 
@@ -105,7 +96,7 @@ def test_plugins_that_disagree_on_the_weight_raise_a_conflict_naming_both():
     ],
 )
 def test_a_bad_plugin_weight_names_the_plugin(scale, error, message):
-    mtp_hooks.register(Weigher(scale), name="bad")
+    answers("mtp_loss_scale", scale, name="bad")
     with pytest.raises(error, match=message):
         mtp_hooks.decide(None, "train")
 

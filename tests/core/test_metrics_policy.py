@@ -28,7 +28,7 @@ def test_auto_with_metrics_records_only_when_the_plugins_run_mtp(voter):
     mtp_hooks.configure("eval=auto+metrics")
     plugin = voter(True, name="runs-eval")
     assert mtp_hooks.decide(None, "eval").metrics is True
-    plugin.vote = False
+    plugin.value = False
     mtp_hooks.configure("eval=auto+metrics")  # a new generation: decide again
     decision = mtp_hooks.decide(None, "eval")
     assert (decision.run, decision.metrics) == (False, False)

@@ -52,24 +52,24 @@ def test_a_phase_declared_through_the_api_is_accepted():
 
 def test_a_phase_declared_by_a_plugin_hook_is_accepted():
     class DeclaresDistill:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def declare_phases(self):
             return ["distill"]
 
     with pytest.raises(mtp_hooks.PolicyError):
         mtp_hooks.decide(None, "distill")
-    mtp_hooks.register(DeclaresDistill(), name="declares-distill")
+    mtp_hooks.plugins.register(DeclaresDistill(), name="declares-distill")
     assert mtp_hooks.decide(None, "distill").decided_by == "default"
 
 
 def test_a_plugin_phase_is_forgotten_when_the_plugin_is_unregistered():
     class DeclaresDistill:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def declare_phases(self):
             return ["distill"]
 
-    mtp_hooks.register(DeclaresDistill(), name="declares-distill")
-    mtp_hooks.unregister("declares-distill")
+    mtp_hooks.plugins.register(DeclaresDistill(), name="declares-distill")
+    mtp_hooks.plugins.unregister("declares-distill")
     with pytest.raises(mtp_hooks.PolicyError, match="unknown phase"):
         mtp_hooks.decide(None, "distill")
 

@@ -6,9 +6,7 @@ import pytest
 
 import mtp_hooks
 
-
-class Model:
-    pass
+from plugin_answers import Model
 
 
 def decided(phase: str, model: object = None) -> tuple[bool, str]:

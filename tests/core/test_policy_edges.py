@@ -13,6 +13,8 @@ from mtp_hooks import MTPMetrics, PolicyError
 from mtp_hooks._policy import parse_policy, spell
 from mtp_hooks.framework import AcceptanceController, loss_scale_schedule
 
+from plugin_answers import answers
+
 
 def weight(policy) -> float | None:
     return parse_policy(policy)[(None, "train")].loss_scale
@@ -57,15 +59,10 @@ def test_a_mapping_with_keys_of_mixed_types_is_a_policy_error(policy):
 
 @pytest.mark.parametrize("scale", ["0.3", b"0.3", True, None, [0.3], complex(0.3)])
 def test_a_weight_that_is_not_a_number_is_refused_from_plugins_and_tables(scale):
-    class Weigher:
-        @mtp_hooks.hookimpl
-        def mtp_loss_scale(self, model, phase):
-            return scale
-
     if scale is not None:
         with pytest.raises(PolicyError, match="not a finite number"):
             parse_policy({"train": {"mtp": "run", "loss_scale": scale}})
-    mtp_hooks.register(Weigher(), name="weigher")
+    answers("mtp_loss_scale", scale, name="weigher")
     if scale is None:  # abstains
         assert mtp_hooks.decide(None, "train").loss_scale is None
         return
@@ -121,12 +118,7 @@ def test_every_other_weight_spelling_is_a_policy_error(text):
 
 
 def test_a_negative_zero_weight_from_a_plugin_becomes_zero():
-    class Weigher:
-        @mtp_hooks.hookimpl
-        def mtp_loss_scale(self, model, phase):
-            return -0.0
-
-    mtp_hooks.register(Weigher(), name="weigher")
+    answers("mtp_loss_scale", -0.0, name="weigher")
     scale = mtp_hooks.decide(None, "train").loss_scale
     assert scale == 0.0 and math.copysign(1.0, scale) == 1.0
 

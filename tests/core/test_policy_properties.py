@@ -180,7 +180,7 @@ def test_any_file_content_is_a_policy_or_a_policy_error(content):
 @SETTINGS
 @given(policy=policies())
 def test_explain_and_check_config_say_what_decide_decides(policy, tmp_path_factory):
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     mtp_hooks.configure(as_string(policy))
     for role, phase in policy:
         if role is not None:

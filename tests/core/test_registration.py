@@ -12,76 +12,74 @@ import pytest
 
 import mtp_hooks
 
-
-class Model:
-    pass
+from plugin_answers import Model
 
 
 def test_register_returns_the_given_name(voter):
     class P:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, model, phase):
             return None
 
-    assert mtp_hooks.register(P(), name="mine") == "mine"
-    assert mtp_hooks.get_plugin_manager().has_plugin("mine")
+    assert mtp_hooks.plugins.register(P(), name="mine") == "mine"
+    assert mtp_hooks.plugins.get_plugin_manager().has_plugin("mine")
 
 
 def test_register_without_a_name_returns_a_generated_one():
     class P:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, model, phase):
             return None
 
     plugin = P()
-    name = mtp_hooks.register(plugin)
-    assert mtp_hooks.get_plugin_manager().get_plugin(name) is plugin
+    name = mtp_hooks.plugins.register(plugin)
+    assert mtp_hooks.plugins.get_plugin_manager().get_plugin(name) is plugin
 
 
 def test_unregister_by_name_removes_the_vote(voter):
     voter(False, "skipper")
-    mtp_hooks.unregister("skipper")
+    mtp_hooks.plugins.unregister("skipper")
     assert mtp_hooks.decide(None, "eval").decided_by == "default"
 
 
 def test_unregister_by_object_removes_the_vote(voter):
     plugin = voter(False, "skipper")
-    mtp_hooks.unregister(plugin)
+    mtp_hooks.plugins.unregister(plugin)
     assert mtp_hooks.decide(None, "eval").decided_by == "default"
 
 
 def test_unregistering_an_unknown_plugin_is_a_lookup_error_naming_it():
     with pytest.raises(mtp_hooks.UnknownPluginError, match="no plugin named 'ghost'") as info:
-        mtp_hooks.unregister("ghost")
+        mtp_hooks.plugins.unregister("ghost")
     assert isinstance(info.value, LookupError) and not isinstance(info.value, ValueError)
 
 
 def test_a_misspelled_hook_is_refused_and_nothing_stays_registered():
     class Typo:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mpt(self, model, phase):
             return False
 
-    with pytest.raises(mtp_hooks.PluginLoadError, match="'typo'.*should_run_mpt"):
-        mtp_hooks.register(Typo(), name="typo")
-    assert not mtp_hooks.get_plugin_manager().has_plugin("typo")
+    with pytest.raises(mtp_hooks.PluginError, match="'typo'.*should_run_mpt"):
+        mtp_hooks.plugins.register(Typo(), name="typo")
+    assert not mtp_hooks.plugins.get_plugin_manager().has_plugin("typo")
 
 
 def test_a_hook_with_an_unknown_argument_is_refused():
     class ExtraArg:
-        @mtp_hooks.hookimpl
+        @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, model, phase, step):
             return False
 
-    with pytest.raises(mtp_hooks.PluginLoadError, match="extra-arg"):
-        mtp_hooks.register(ExtraArg(), name="extra-arg")
-    assert not mtp_hooks.get_plugin_manager().has_plugin("extra-arg")
+    with pytest.raises(mtp_hooks.PluginError, match="extra-arg"):
+        mtp_hooks.plugins.register(ExtraArg(), name="extra-arg")
+    assert not mtp_hooks.plugins.get_plugin_manager().has_plugin("extra-arg")
 
 
 def test_get_plugin_manager_returns_one_pluggy_manager_for_the_project():
-    pm = mtp_hooks.get_plugin_manager()
+    pm = mtp_hooks.plugins.get_plugin_manager()
     assert isinstance(pm, pluggy.PluginManager) and pm.project_name == "mtp_hooks"
-    assert mtp_hooks.get_plugin_manager() is pm
+    assert mtp_hooks.plugins.get_plugin_manager() is pm
 
 
 def test_reset_forgets_plugins_config_phases_and_roles(voter):
@@ -90,9 +88,9 @@ def test_reset_forgets_plugins_config_phases_and_roles(voter):
     mtp_hooks.configure("train=skip")
     mtp_hooks.declare_phase("distill")
     mtp_hooks.set_role(model, "teacher")
-    pm = mtp_hooks.get_plugin_manager()
-    mtp_hooks.reset()
-    assert mtp_hooks.get_plugin_manager() is not pm
+    pm = mtp_hooks.plugins.get_plugin_manager()
+    mtp_hooks.testing.reset()
+    assert mtp_hooks.plugins.get_plugin_manager() is not pm
     assert mtp_hooks.decide(None, "eval").decided_by == "default"
     assert mtp_hooks.decide(None, "train").decided_by == "default"
     assert mtp_hooks.role_of(model) is None
@@ -138,7 +136,7 @@ def test_reset_replaces_every_store_at_once_and_cached_decisions_cannot_survive_
     mtp_hooks.set_role(model, "teacher")
     assert mtp_hooks.decide(model, "eval").run is False
     before = _runtime.current
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     after = _runtime.current
     assert after is not before and after.generation > before.generation
     assert mtp_hooks.role_of(model) is None and mtp_hooks.decide(model, "eval").run is True
@@ -155,23 +153,64 @@ API_0_1 = {  # every name 0.1 exported: users import them, so each stays importa
 }  # fmt: skip
 
 
-def test_the_advertised_surface_leaves_test_and_plugin_author_tools_to_their_modules():
-    from mtp_hooks import hookspecs, plugins
+MOVED = {  # 0.1 names whose one home is now a submodule: importable from the root, deprecated
+    "get_plugin_manager": "plugins", "hookimpl": "plugins", "hookspec": "plugins",
+    "list_plugins": "plugins", "register": "plugins", "unregister": "plugins",
+    "reset": "testing",
+}  # fmt: skip
 
-    assert {"reset", "hookspec", "get_plugin_manager"}.isdisjoint(mtp_hooks.__all__)
-    assert mtp_hooks.hookspec is hookspecs.hookspec
-    assert mtp_hooks.get_plugin_manager is plugins.get_plugin_manager
+
+def test_each_public_name_has_one_home():
+    homes = {
+        "mtp_hooks": mtp_hooks.__all__,
+        "mtp_hooks.plugins": mtp_hooks.plugins.__all__,
+        "mtp_hooks.framework": mtp_hooks.framework.__all__,
+        "mtp_hooks.testing": mtp_hooks.testing.__all__,
+    }
+    seen: dict[str, str] = {}
+    for home, names in homes.items():
+        for name in names:
+            assert name not in seen, f"{name} is exported by {seen[name]} and {home}"
+            seen[name] = home
+    assert {"hookimpl", "hookspec", "register"} <= set(mtp_hooks.plugins.__all__)
+    assert "PluginRegistry" not in mtp_hooks.plugins.__all__
+    assert mtp_hooks.plugins.hookspec is mtp_hooks.hookspecs.hookspec
 
 
-def test_every_0_1_name_is_still_importable_from_the_package():
-    from mtp_hooks import megatron
+def test_every_0_1_name_is_still_importable_from_the_package_and_moved_ones_say_where_to():
+    import importlib
 
-    for name in API_0_1:
-        source = megatron if name in {"AttachHandle", "attach", "detach", "freeze_mtp"} else None
-        if source is None:
-            assert getattr(mtp_hooks, name) is not None
-        else:
-            assert name in dir(source) and name in mtp_hooks._MEGATRON_NAMES
+    for name in API_0_1 - set(MOVED) - {"PluginLoadError"}:
+        assert name in mtp_hooks.__all__ and getattr(mtp_hooks, name) is not None
+    for name, home in MOVED.items():
+        with pytest.warns(DeprecationWarning, match=f"use mtp_hooks.{home}.{name}"):
+            moved = getattr(mtp_hooks, name)
+        assert moved is getattr(importlib.import_module(f"mtp_hooks.{home}"), name)
+    with pytest.warns(DeprecationWarning, match="use mtp_hooks.PluginError"):
+        assert mtp_hooks.PluginLoadError is mtp_hooks.PluginError
+
+
+def test_a_reset_clears_plugin_settings_and_runs_reset_callbacks_held_weakly():
+    import gc
+
+    from mtp_hooks.framework import RoleSettings
+
+    settings = RoleSettings[str]()
+    settings.set("skip eval", role="teacher")
+    calls = []
+
+    class Plugin:
+        def forget(self):
+            calls.append("plugin")
+
+    plugin = Plugin()
+    mtp_hooks.plugins.on_reset(plugin.forget)
+    mtp_hooks.testing.reset()
+    assert settings.get("teacher") is None and calls == ["plugin"]
+    del plugin
+    gc.collect()
+    mtp_hooks.testing.reset()
+    assert calls == ["plugin"]  # the dropped plugin's method is gone
 
 
 def test_every_public_name_is_exported():
@@ -190,6 +229,6 @@ def test_errors_print_under_the_name_they_are_imported_by():
     )
 
 
-def test_the_package_has_a_version_and_lists_its_lazily_loaded_names():
+def test_the_package_has_a_version_and_lists_it():
     assert mtp_hooks.__version__ == importlib.metadata.version("mtp-hooks")
     assert {"attach", "AttachHandle", "freeze_mtp", "__version__", "decide"} <= set(dir(mtp_hooks))

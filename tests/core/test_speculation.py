@@ -89,7 +89,7 @@ def test_counts_that_cannot_come_from_an_engine_are_refused(drafts, accepted, me
 
 def test_the_engines_figures_drive_the_acceptance_controller():
     controller = AcceptanceController(target=1.5, below=0.3, above=None)
-    mtp_hooks.register(controller, name="drafter")
+    mtp_hooks.plugins.register(controller, name="drafter")
     assert controller.update(acceptance_from_megatron(MEGATRON)) is None  # 1.90 >= 1.5: skip
     assert not mtp_hooks.decide(None, "train").run
     stale = acceptance_from_counts(267, [40, 5])

@@ -60,7 +60,7 @@ def agreeing_policy(rank: int) -> dict:
 class RankDependent:
     """A broken policy: rank 0 runs MTP, every other rank skips it."""
 
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     def should_run_mtp(self, model, phase):
         return torch.distributed.get_rank() == 0
 
@@ -71,7 +71,7 @@ def rank_dependent_plugin(rank: int) -> dict:
     model, counter = _tp_model()
     shared = model.config
     mtp_hooks.attach(model, verify=True)
-    mtp_hooks.register(RankDependent(), name="rank-dependent")
+    mtp_hooks.plugins.register(RankDependent(), name="rank-dependent")
     ids, pos, mask = _batch()
     try:
         model(ids, pos, mask, labels=ids)
@@ -124,7 +124,7 @@ class KeepMetrics:
     def __init__(self) -> None:
         self.seen: list[mtp_hooks.MTPMetrics] = []
 
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     def mtp_metrics(self, model, phase, metrics):
         self.seen.append(metrics)
 
@@ -173,7 +173,7 @@ def metrics_under_tp(rank: int) -> dict:
         )
     winners_on_rank1 = int((depth1 >= VOCAB // 2).sum())
     keep = KeepMetrics()
-    mtp_hooks.register(keep)
+    mtp_hooks.plugins.register(keep)
     mtp_hooks.attach(model)
     mtp_hooks.configure("eval=run+metrics")
     with torch.no_grad():
@@ -240,7 +240,7 @@ def controller_decisions(rank: int) -> dict:
     from mtp_hooks.framework import AcceptanceController
 
     controller = AcceptanceController(target=1.0, below=0.3, above=None)
-    mtp_hooks.register(controller, name="drafter")
+    mtp_hooks.plugins.register(controller, name="drafter")
     local = [(1.6, 100), (0.2, 300)][rank]  # pooled: (160 + 60) / 400 = 0.55 -> below
     controller.mtp_metrics(
         None,
@@ -375,7 +375,7 @@ def loss_mask_under_cp(rank: int) -> dict:
         if how in ("block", "labels"):
             stats[how] = handle.stats()
             handle.remove()
-            mtp_hooks.reset()
+            mtp_hooks.testing.reset()
         results[how] = (loss.detach(), {n: p.grad for n, p in model.named_parameters()})
 
     # The setting itself: the same weights built without CP, on the whole sequence, give this

@@ -29,7 +29,7 @@ from mtp_hooks.demo import tiny_models  # noqa: E402
 
 
 class RankDependent:
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     def should_run_mtp(self, model, phase):
         return torch.distributed.get_rank() == 0
 
@@ -39,9 +39,9 @@ def report(check: str, outcome: str) -> None:
 
 
 def mismatch(model, *args, **kwargs) -> str:
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     mtp_hooks.attach(model, verify=True)
-    mtp_hooks.register(RankDependent(), name="rank-dependent")
+    mtp_hooks.plugins.register(RankDependent(), name="rank-dependent")
     try:
         model(*args, **kwargs)
     except mtp_hooks.DecisionMismatchError as exc:
@@ -55,7 +55,7 @@ def check_data_parallel() -> None:
     import test_megatron_ddp as t
 
     for mode in ("run", "skip", "skip_last", "frozen"):
-        mtp_hooks.reset()
+        mtp_hooks.testing.reset()
         tiny_models.reset_mtp_loss_tracker(device="cuda")
         losses, before, after = t.train(mode)
         finite = all(math.isfinite(x) for x in losses)
@@ -92,7 +92,7 @@ def check_tensor_parallel() -> None:
     g = torch.Generator(device="cuda").manual_seed(0)
     ids = torch.randint(0, 1024, (2, 128), device="cuda", generator=g)
     pos = torch.arange(128, device="cuda").unsqueeze(0).expand(2, -1)
-    mtp_hooks.reset()
+    mtp_hooks.testing.reset()
     handle = mtp_hooks.attach(model, verify=True)
     mtp_hooks.configure("train=run,rollout=skip")
     run_loss = model(ids, pos, None, labels=ids)

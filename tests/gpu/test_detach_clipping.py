@@ -19,28 +19,17 @@ pytest.importorskip("megatron.core")
 import mtp_hooks  # noqa: E402
 from mtp_hooks.demo import tiny_models  # noqa: E402
 
+from model_fixtures import has_detach_field  # noqa: E402
+
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(not has_detach_field(), reason="+detach needs mtp_detach_heads (0.19)"),
+    pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 
 STEPS, MICROBATCHES, SEQ, MBS, VOCAB = 4, 2, 128, 2, 1024
 CLIP = 0.05  # below every step's gradient norm here, so every step clips
-
-
-@pytest.fixture(scope="module")
-def megatron_gpu():
-    tiny_models.init_single_process(port=tiny_models.free_port())
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    if "mtp_detach_heads" not in TransformerConfig.__dataclass_fields__:
-        pytest.skip("+detach needs megatron-core 0.19 (mtp_detach_heads)")
-    yield
-
-
-@pytest.fixture(autouse=True)
-def tracker(megatron_gpu):
-    tiny_models.reset_mtp_loss_tracker(device="cuda")
 
 
 def train(policy: str, optimizer_kind: str, *, tag: bool, built_detach: bool = False) -> dict:

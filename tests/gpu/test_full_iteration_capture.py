@@ -23,15 +23,10 @@ from mtp_hooks.demo import tiny_models  # noqa: E402
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 
 STEPS, SWITCH, VALIDATION, MICROBATCHES, SEQ, MBS, VOCAB = 6, 3, 3, 2, 64, 2, 1024
-
-
-@pytest.fixture(scope="module", autouse=True)
-def megatron_gpu():
-    tiny_models.init_single_process(port=tiny_models.free_port())
-    tiny_models.reset_mtp_loss_tracker(device="cuda")
 
 
 def run(graphs: bool) -> dict:

@@ -23,20 +23,10 @@ from mtp_hooks.demo import tiny_models  # noqa: E402
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 
 STEPS, MICROBATCHES, SEQ, MBS, VOCAB = 3, 4, 128, 2, 1024
-
-
-@pytest.fixture(scope="module")
-def megatron_gpu():
-    tiny_models.init_single_process(port=tiny_models.free_port())
-    yield
-
-
-@pytest.fixture(autouse=True)
-def tracker(megatron_gpu):
-    tiny_models.reset_mtp_loss_tracker(device="cuda")
 
 
 class SkipLastMicrobatch:
@@ -45,7 +35,7 @@ class SkipLastMicrobatch:
     def __init__(self) -> None:
         self.calls = 0
 
-    @mtp_hooks.hookimpl
+    @mtp_hooks.plugins.hookimpl
     def should_run_mtp(self, model, phase):
         run = self.calls % MICROBATCHES != MICROBATCHES - 1
         self.calls += 1
@@ -124,7 +114,7 @@ def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
     elif mode in ("skip", "frozen"):
         mtp_hooks.configure("train=skip")
     elif mode == "skip_last":
-        mtp_hooks.register(SkipLastMicrobatch(), name="skip-last-microbatch")
+        mtp_hooks.plugins.register(SkipLastMicrobatch(), name="skip-last-microbatch")
 
     g = torch.Generator(device="cuda").manual_seed(1)
     ids = torch.randint(0, VOCAB, (STEPS * MICROBATCHES, MBS, SEQ), device="cuda", generator=g)

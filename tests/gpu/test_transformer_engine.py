@@ -34,6 +34,8 @@ os.environ.setdefault("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")  # bit-identity n
 import mtp_hooks  # noqa: E402
 from mtp_hooks.demo import tiny_models  # noqa: E402
 
+from dispatch_counts import dispatched, phase_steps  # noqa: E402
+
 HAVE_TE = False
 if torch.cuda.is_available():
     try:
@@ -46,21 +48,11 @@ if torch.cuda.is_available():
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not HAVE_TE, reason="needs a CUDA GPU and transformer_engine"),
+    pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 
 SEQ, BATCH, VOCAB = 128, 2, 1024
 RECIPES = ["bf16", "delayed", "tensorwise"]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def megatron_gpu():
-    tiny_models.init_single_process(port=tiny_models.free_port())
-    yield
-
-
-@pytest.fixture(autouse=True)
-def tracker():
-    tiny_models.reset_mtp_loss_tracker(device="cuda")
 
 
 @pytest.fixture(params=["gpt", "hybrid"])
@@ -162,36 +154,13 @@ def test_a_skip_is_bit_identical_to_the_trunk_built_without_mtp(kind):
 
 def kernels(step) -> collections.Counter[str]:
     """The CUDA kernels ``step()`` launches, by name, counted after one warm-up call."""
-    step()
-    torch.cuda.synchronize()
-    activities = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
-    with torch.profiler.profile(activities=activities) as prof:
-        step()
-        torch.cuda.synchronize()
-    cuda = torch.autograd.DeviceType.CUDA
-    return collections.Counter(e.name for e in prof.events() if e.device_type == cuda)
+    return dispatched(step, "cuda")
 
 
 def te_steps(model):
     """A train step, a log-prob forward and an eval forward of ``model``."""
     ids, pos, labels = batch()
-
-    def train():
-        model.train()
-        model.zero_grad(set_to_none=True)
-        model(ids, pos, None, labels=labels).float().mean().backward()
-
-    def rollout():
-        model.eval()
-        with torch.no_grad(), mtp_hooks.phase("rollout"):
-            model(ids, pos, None)
-
-    def evaluate():
-        model.eval()
-        with torch.no_grad():
-            model(ids, pos, None, labels=labels)
-
-    return {"train": train, "rollout": rollout, "eval": evaluate}
+    return phase_steps(model, (ids, pos, None), labels)
 
 
 @pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])

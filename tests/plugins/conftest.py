@@ -1,7 +1,9 @@
 """Framework plugin tests: the plugins are pip-installed and found through their entry points.
 
 The test sessions (``noxfile.py``) install ``plugins/*`` into the test environments. Here
-autoload is back on, and every plugin's configured policy is cleared around each test.
+autoload is back on. Every plugin's configured policy is cleared around each test by
+``mtp_hooks.testing.reset()`` (the root conftest.py), since the plugins keep it in a
+``RoleSettings``.
 """
 
 from __future__ import annotations
@@ -13,24 +15,12 @@ import pytest
 
 import mtp_hooks
 import mtp_hooks.framework
-import mtp_hooks_modelopt
-import mtp_hooks_nemo
-import mtp_hooks_verl
-
-from model_fixtures import *  # noqa: F401,F403
-
-PLUGINS = (mtp_hooks_verl, mtp_hooks_modelopt, mtp_hooks_nemo)
 
 
 @pytest.fixture(autouse=True)
-def autoload(monkeypatch):
-    """Entry-point autoload on, and no plugin configured."""
+def autoload(monkeypatch, mtp_tracker):
+    """Entry-point autoload on, and megatron's MTP loss tracker zeroed."""
     monkeypatch.delenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD", raising=False)
-    for plugin in PLUGINS:
-        plugin.reset()
-    yield
-    for plugin in PLUGINS:
-        plugin.reset()
 
 
 @pytest.fixture
@@ -40,7 +30,7 @@ def only(monkeypatch):
     def keep(*names: str) -> None:
         others = {"verl", "modelopt", "nemo"} - set(names)
         monkeypatch.setenv("MTP_HOOKS_DISABLE", ",".join(sorted(others)))
-        mtp_hooks.reset()
+        mtp_hooks.testing.reset()
 
     return keep
 

@@ -86,7 +86,6 @@ def test_there_are_many_real_configs():
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p).split("configs/")[-1])
 def test_every_real_config_is_accepted_and_decides_as_nemo_rl_intends(path):
     config = load(path)
-    mtp_hooks_nemo.reset()
     roles = mtp_hooks_nemo.configure_run(config)
     sections = [config.policy] + [t for t in [config.get("teacher")] if t is not None]
     sections += list(config.get("teachers") or ())

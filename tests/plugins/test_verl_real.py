@@ -139,8 +139,7 @@ def test_verls_patch_and_the_plugin_compose(build, kind, batch, only):
     only("verl")
     grads, out, train_runs, log_prob_runs = actor_steps(build, batch, with_plugin=False)
     assert (train_runs, log_prob_runs) == (1, 1)  # the patch alone runs MTP in log-prob too
-    mtp_hooks.reset()
-    mtp_hooks_verl.reset()
+    mtp_hooks.testing.reset()
     only("verl")
     hooked_grads, hooked_out, train_runs, log_prob_runs = actor_steps(build, batch, True)
     assert (train_runs, log_prob_runs) == (1, 0)

@@ -140,11 +140,11 @@ def main() -> int:
             builder, model = builders[round_ % len(builders)], shared[round_ % len(builders)]
             build = functools.partial(builder, SPEC)
             try:
-                mtp_hooks.reset()
+                mtp_hooks.testing.reset()
                 tiny_models.reset_mtp_loss_tracker()
                 lifetime(build, args, labels, wrap=round_ // len(builders) % 2 == 1)
                 copy_mid_forward(build, args, labels)
-                mtp_hooks.reset()
+                mtp_hooks.testing.reset()
                 handle = mtp_hooks.attach(model)
                 mtp_hooks.configure("eval=run")
                 model.eval()

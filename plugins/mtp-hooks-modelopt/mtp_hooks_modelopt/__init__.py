@@ -69,7 +69,7 @@ def current() -> DistillMTPConfig | None:
 
 
 def reset() -> None:
-    """Forget the configured policy (for tests)."""
+    """Forget the configured policy (``mtp_hooks.testing.reset()`` does it too)."""
     _settings.reset()
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from mtp_hooks import hookimpl, role_of
+from mtp_hooks import role_of
 from mtp_hooks.framework import cacheable_vote
+from mtp_hooks.plugins import hookimpl
 
 from . import current
 

@@ -174,7 +174,7 @@ def current(role: str | None = None) -> NemoMTPConfig | None:
 
 
 def reset() -> None:
-    """Forget the configured policies (for tests)."""
+    """Forget the configured policies (``mtp_hooks.testing.reset()`` does it too)."""
     _settings.reset()
 
 

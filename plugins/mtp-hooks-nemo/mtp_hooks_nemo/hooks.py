@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mtp_hooks import hookimpl
+from mtp_hooks.plugins import hookimpl
 
 from . import vote
 

@@ -95,7 +95,7 @@ def current() -> VerlMTPConfig | None:
 
 
 def reset() -> None:
-    """Forget the configured policy (for tests)."""
+    """Forget the configured policy (``mtp_hooks.testing.reset()`` does it too)."""
     _settings.reset()
 
 

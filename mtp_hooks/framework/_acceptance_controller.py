@@ -16,11 +16,11 @@ from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from . import _phases, _runtime
-from ._errors import PolicyError
-from ._metrics import MTPMetrics
-from ._plugin_checks import mark_cacheable
-from .hookspecs import hookimpl
+from .. import _phase_catalogue, _phases, _runtime
+from .._errors import PolicyError
+from .._metrics import MTPMetrics
+from .._plugin_checks import mark_cacheable
+from ..hookspecs import hookimpl
 
 if TYPE_CHECKING:
     import torch
@@ -67,7 +67,7 @@ class AcceptanceController:
         >>> import mtp_hooks
         >>> from mtp_hooks.framework import AcceptanceController
         >>> controller = AcceptanceController(target=1.5, below=0.3, above=0.1)
-        >>> mtp_hooks.register(controller, name="drafter")
+        >>> mtp_hooks.plugins.register(controller, name="drafter")
         'drafter'
         >>> metrics = mtp_hooks.MTPMetrics(loss=(2.0, 2.5), acceptance=(0.7, 0.5),
         ...     tokens=(100, 99), forwards=1, chain_acceptance=(0.7, 0.4), accepted_length=1.1)
@@ -105,8 +105,8 @@ class AcceptanceController:
             )
         self.target, self.metric, self.depth = float(target), metric, depth
         self.below, self.above = _weight(below, "below"), _weight(above, "above")
-        self.watch = str(_phases.normalize(watch, "AcceptanceController watch"))
-        self.phase = str(_phases.normalize(phase, "AcceptanceController phase"))
+        self.watch = str(_phase_catalogue.normalize(watch, "AcceptanceController watch"))
+        self.phase = str(_phase_catalogue.normalize(phase, "AcceptanceController phase"))
         self.group = group
         self.pending: list[MTPMetrics] = []  # collected since the last update
         self.history: deque[tuple[float, float]] = deque(maxlen=window)  # (sum, weight)

@@ -11,8 +11,8 @@ import torch
 
 from .._errors import UnsupportedModelError
 from . import _capabilities
-from ._capabilities import has_mtp
-from ._distributed import megatron_ddps, mtp_only_parameters
+from ._capabilities import has_mtp, mtp_only_parameters
+from ._ddp_settling import megatron_ddps
 
 
 def freeze_mtp_parameters(

@@ -1,4 +1,4 @@
-"""The record of one gated model's forward calls that are running, or that were interrupted.
+"""The call stack of a gated model: its forward calls that are running, or were interrupted.
 
 Each call pushes one :data:`CallRecord` naming the interpreter frame that runs it (torch's own
 hook-calling frame, alive exactly as long as the call). That makes three things decidable:
@@ -17,7 +17,7 @@ exception: a call that changed nothing removes its own record in its forward hoo
 lock (one atomic ``list.remove``). So these functions read the list through snapshots, and a
 record of such a call may vanish under them. The forward hook finds its record by the kwargs
 dict it shares with the pre-hook, and by the frame when a later pre-hook replaced that dict.
-:func:`copy_gate` makes the gate of a deep-copied model.
+:func:`copied` gives a deep-copied model's gate the records it starts with.
 
 Frames are only ever read in the thread that runs them: the pre-hook names its caller through
 a generator of its own thread (:func:`start_resumer`), and :func:`prune` walks the calling
@@ -30,23 +30,60 @@ from __future__ import annotations
 import copy
 import sys
 import threading
-import weakref
 from collections.abc import Generator
 from types import FrameType
 from typing import Any, Final
 
-from .._errors import MTPHooksError, UnsupportedModelError
+from .._errors import MTPHooksError
 
-# One forward call of a gated model that is running, or that was interrupted. A plain tuple,
-# read through the field numbers below: one is built per forward, and a named tuple or a
-# slotted class costs 110-180 ns more to build, which puts the run path over its goal of twice
-# torch's own hook cost (docs/benchmarks.md).
-CallRecord = tuple[int, FrameType | None, tuple[Any, ...] | None, bool, Any]
+# What one call set on, or must put back on, a model: its two gates, and the MTP modules' own
+# configs where a detached call changes them ((submodule, config) pairs, else None). Always
+# three fields, built by gates() and read through the field numbers below: a plain tuple, as
+# CallRecord is, because the pre-hook reads the base gates at every call, and indexing a
+# tuple subclass (a named tuple) misses the interpreter's fast path for tuples.
+Gates = tuple[Any, Any, tuple[tuple[Any, Any], ...] | None]
+MTP_PROCESS: Final = 0
+CONFIG: Final = 1
+SUBS: Final = 2
+
+
+def gates(mtp_process: Any, config: Any, subs: tuple[tuple[Any, Any], ...] | None = None) -> Gates:
+    """The one place a :data:`Gates` record is built."""
+    return (mtp_process, config, subs)
+
+
+# One forward call of a gated model that is running, or that was interrupted: a plain tuple,
+# built by call_record() and read through the field numbers below. One is built per forward,
+# and a named tuple costs 400 ns more to build, which would put the run path over its goal of
+# twice torch's own hook cost (docs/benchmarks.md).
+CallRecord = tuple[int, FrameType | None, Gates | None, bool, Any]
 THREAD: Final = 0  # the ident of the thread running the call (0: the record a copy starts with)
 OWNER: Final = 1  # the interpreter frame running the call; None: the call is over already
-RESTORE: Final = 2  # the gates to put back when the call ends (put_back); None: nothing changed
+RESTORE: Final = 2  # the Gates to put back when the call ends (put_back); None: nothing changed
 SETTLE: Final = 3  # whether a skip owes Megatron DDP a settlement after forward
 KWARGS: Final = 4  # the kwargs dict torch handed the call's hooks, which names it in the hooks
+
+
+def call_record(
+    thread: int, owner: FrameType | None, restore: Gates | None, settle: bool, kwargs: Any
+) -> CallRecord:
+    """The record of one call (the one place a :data:`CallRecord` is built)."""
+    return (thread, owner, restore, settle, kwargs)
+
+
+def copied(records: list[CallRecord], base: Gates, memo: dict[int, Any]) -> list[CallRecord]:
+    """The records a deep copy of a model's gate starts with: none if no call was running, else
+    one with no thread or frame that puts the original's ``base`` gates (and the MTP modules'
+    configs a running call changed) back at the copy's first forward, in case the original
+    was copied in the middle of a gated forward."""
+    if not records:
+        return []
+    subs = base_subs(records)
+    restore = (
+        base if subs is None else gates(base[MTP_PROCESS], base[CONFIG], copy.deepcopy(subs, memo))
+    )
+    return [call_record(0, None, restore, False, None)]
+
 
 _set = object.__setattr__
 
@@ -86,13 +123,14 @@ def _live_threads() -> set[int]:
     return set(sys._current_frames())
 
 
-def put_back(module: Any, gates: tuple[Any, ...]) -> None:
-    """Set ``module``'s two gates, ``mtp_process`` and ``config``, to ``gates[:2]``; a third
-    item holds ``(submodule, config)`` pairs, the MTP modules a detached call changes."""
-    _set(module, "mtp_process", gates[0])
-    _set(module, "config", gates[1])
-    if len(gates) > 2:
-        for submodule, config in gates[2]:
+def put_back(module: Any, record: Gates) -> None:
+    """Set ``module``'s two gates, ``mtp_process`` and ``config``, and each MTP module's
+    ``config`` in the record's ``SUBS``."""
+    _set(module, "mtp_process", record[MTP_PROCESS])
+    _set(module, "config", record[CONFIG])
+    subs = record[SUBS]
+    if subs is not None:
+        for submodule, config in subs:
             _set(submodule, "config", config)
 
 
@@ -101,8 +139,8 @@ def base_subs(records: list[CallRecord]) -> tuple[tuple[Any, Any], ...] | None:
     (``None``: no recorded call changed them)."""
     for record in records[:]:
         restore = record[RESTORE]
-        if restore is not None and len(restore) > 2:
-            subs: tuple[tuple[Any, Any], ...] = restore[2]
+        if restore is not None and restore[SUBS] is not None:
+            subs: tuple[tuple[Any, Any], ...] = restore[SUBS]
             return subs
     return None
 
@@ -158,43 +196,6 @@ def _on_stack(frame: FrameType, top: FrameType | None) -> bool:
             return True
         top = top.f_back
     return False
-
-
-def copy_gate(gate: Any, memo: dict[int, Any]) -> Any:
-    """The gate of a deep copy of ``gate``'s model, registered through ``gate.on_copy``.
-
-    ``deepcopy`` reaches a gate through the hooks in its model's hook dicts, so the copied model
-    is in ``memo`` (still being filled). The copy gets its own hooks (their handles copied in
-    the same memo point at the copy's hook dicts), fresh counters, no DDP wrapper, and a record
-    that restores the original's base gates (and its MTP modules' configs) at its first forward,
-    in case the original was copied in the middle of a gated forward.
-    """
-    from ._config_view import Views
-    from ._distributed import DDPState
-
-    model = gate.model
-    if model is None or id(model) not in memo:
-        raise UnsupportedModelError(
-            "mtp_hooks: copy the attached model itself, not its gate or AttachHandle"
-        )
-    new = object.__new__(type(gate))
-    new.__dict__.update(gate.__dict__)
-    new._model = weakref.ref(memo[id(model)])
-    new.ddp = DDPState(memo[id(model)], [])
-    new.base = copy.deepcopy(gate.base, memo)
-    subs = base_subs(gate.records)
-    restore = new.base if subs is None else (*new.base, copy.deepcopy(subs, memo))
-    new.records = [(0, None, restore, False, None)] if gate.records else []
-    new.counts, new.cache, new.loss_scales, new.recorder = {}, {}, {}, None
-    new.policy_checked = -1
-    new.views = Views()
-    new.lock, new.removed = threading.Lock(), False
-    memo[id(gate)] = new
-    new.handles = copy.deepcopy(gate.handles, memo)
-    new.listen()
-    if gate.on_copy is not None:
-        gate.on_copy(new)
-    return new
 
 
 def _resumer() -> Generator[FrameType | None, Any, None]:

@@ -1,39 +1,25 @@
-"""What a skipped forward owes the distributed machinery: DDP gradients, param gathers, agreement.
+"""What a skipped forward owes Megatron's DDP: a zero gradient for each MTP-only parameter, and
+the parameter all-gathers its MTP block would have waited for.
 
-* **Megatron DDP with ``overlap_grad_reduce``** waits, in the synchronising microbatch, for a
-  gradient of every parameter that requires one. A skipped forward therefore attaches a
-  zero-valued autograd dependency on every MTP-only parameter to the model output, so each gets
-  a zero gradient and its bucket is issued (docs/hazards.md, section 4).
+* **``overlap_grad_reduce``**: DDP waits, in the synchronising microbatch, for a gradient of
+  every parameter that requires one. A skipped forward therefore attaches a zero-valued
+  autograd dependency on every MTP-only parameter to the model output, so each gets a zero
+  gradient and its bucket is issued (docs/hazards.md, section 4).
 * **``overlap_param_gather``** starts all-gathers from forward pre-hooks; a skipped MTP block
   would leave its bucket group's gather outstanding, so it is finished here.
-* **Rank agreement** (``verify=True`` or ``MTP_HOOKS_VERIFY=1``) checks each decision with one
-  small all-gather and raises :class:`DecisionMismatchError` on every rank on a mismatch.
 """
 
 from __future__ import annotations
 
 import functools
-import warnings
 import weakref
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
-from .._errors import DecisionMismatchError, UnsupportedModelError
-
-if TYPE_CHECKING:
-    from .._decision import Decision
-
-
-def mtp_only_parameters(model: Any) -> list[tuple[str, torch.nn.Parameter]]:
-    """``mtp.*`` parameters, plus the embedding copy on an MTP stage without ``pre_process``
-    (none on a stage without an MTP block, such as a standalone MTP stage's loss stage)."""
-    if getattr(model, "mtp", None) is None:
-        return []
-    params = [(f"mtp.{n}", p) for n, p in model.mtp.named_parameters()]
-    if not getattr(model, "pre_process", True) and hasattr(model, "embedding"):
-        params += [(f"embedding.{n}", p) for n, p in model.embedding.named_parameters()]
-    return params
+from .. import _runtime
+from .._errors import UnsupportedModelError
+from ._capabilities import mtp_only_parameters
 
 
 class _ZeroGradDependency(torch.autograd.Function):
@@ -129,7 +115,7 @@ class DDPState:
         if not needing:
             return None
         if not (torch.is_tensor(output) and output.requires_grad):
-            _warn_once(
+            _runtime.warn_once(
                 "mtp_hooks: MTP was skipped under DDP but the model output is not a tensor that "
                 "requires grad, so the MTP parameters get no zero gradient; with "
                 "overlap_grad_reduce=True the grad sync may fail. Use mtp_hooks.freeze_mtp(model) "
@@ -140,63 +126,3 @@ class DDPState:
 
         out = _ZeroGradDependency.apply(output, *needing)
         return make_viewless_tensor(out, requires_grad=True, keep_graph=True)
-
-
-_warned: set[str] = set()
-
-
-def _warn_once(message: str) -> None:
-    """Emit ``message`` as a RuntimeWarning once per process."""
-    if message not in _warned:
-        _warned.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-def _groups(phase: Any) -> Any:
-    try:
-        from megatron.core import parallel_state as ps
-
-        if not ps.model_parallel_is_initialized():
-            return None
-        if str(phase) == "train":
-            return ps.get_tensor_and_data_parallel_group(with_context_parallel=True)
-        return ps.get_tensor_and_context_parallel_group()
-    except (ImportError, AssertionError, AttributeError):
-        return None
-
-
-def verify_agreement(decision: Decision, phase: Any) -> None:
-    """Check with one all-gather that every rank that must agree reached the same decision.
-
-    The ranks are this stage's tensor- and context-parallel peers, plus the data-parallel peers
-    in training (their gradient buckets must match). On a mismatch, every rank gathers the
-    details and raises :class:`DecisionMismatchError`; no rank is left waiting.
-    """
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    group = _groups(phase)
-    size = dist.get_world_size(group)
-    if size == 1:
-        return
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if dist.get_backend(group) == "nccl"
-        else torch.device("cpu")
-    )
-    mine = torch.tensor([1 if decision.run else 0], dtype=torch.int32, device=device)
-    votes = [torch.empty_like(mine) for _ in range(size)]
-    dist.all_gather(votes, mine, group=group)
-    if len({int(v.item()) for v in votes}) == 1:
-        return
-    details: list[Any] = [None] * size
-    me = (dist.get_rank(), decision.run, decision.decided_by)
-    dist.all_gather_object(details, me, group=group)
-    listed = "; ".join(
-        f"rank {r}: {'run' if run else 'skip'} (decided by {by})" for r, run, by in details
-    )
-    raise DecisionMismatchError(
-        f"ranks disagree on MTP for phase {str(phase)!r}: {listed}. Policies must be "
-        "deterministic functions of state every rank shares (phase, config, step); fix the "
-        "rank-dependent plugin or set this phase in the policy config."
-    )

@@ -17,9 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._controller import _reduce
-from ._errors import PolicyError
-from ._metrics import MTPMetrics
+from .._errors import PolicyError
+from .._metrics import MTPMetrics
+from ._acceptance_controller import _reduce
 
 __all__ = [
     "SpeculationAdvice",
