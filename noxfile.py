@@ -24,7 +24,7 @@ os.environ.setdefault("UV_COMPILE_BYTECODE", "1")
 # A Python the machine lacks is reported as skipped (an error under CI), never downloaded.
 os.environ.setdefault("UV_PYTHON_DOWNLOADS", "never")
 nox.options.reuse_venv = "yes"
-nox.options.sessions = ["lint", "types", "docs", "tests", "core"]
+nox.options.sessions = ["lint", "types", "docs", "wheels", "tests", "core"]
 nox.options.error_on_missing_interpreters = bool(os.environ.get("CI"))
 nox.needs_version = ">=2025.5.1"
 
@@ -122,6 +122,39 @@ def core(session: nox.Session) -> None:
 
 
 @nox.session(python="3.12")
+def wheels(session: nox.Session) -> None:
+    """The sdist and wheel of the library and of each plugin, built as a user would build them;
+    each wheel installed into a clean environment of its own, imported, and the plugins listed.
+
+    mtp-hooks is not on the package index, so a wheel's ``mtp-hooks`` requirement is met by the
+    wheel built here (given by path), never by whatever the index holds under that name.
+    """
+    import glob
+
+    tmp = session.create_tmp()
+    dist = os.path.join(tmp, "dist")
+    session.run("rm", "-rf", dist, external=True)
+    for path in [".", *PLUGINS]:
+        session.run("uv", "build", "--quiet", "--out-dir", dist, path, external=True)
+    built = sorted(os.path.basename(p) for p in glob.glob(f"{dist}/*"))
+    session.log(f"built: {', '.join(built)}")
+    wheels = sorted(glob.glob(f"{dist}/*.whl"))
+    if len(wheels) != 1 + len(PLUGINS) or len(built) != 2 * len(wheels):
+        session.error(f"expected an sdist and a wheel of mtp-hooks and each plugin, got {built}")
+    (core,) = glob.glob(f"{dist}/mtp_hooks-*.whl")
+    for wheel in wheels:
+        module = os.path.basename(wheel).split("-")[0]
+        env = os.path.join(tmp, f"env-{module}")
+        session.run("uv", "venv", "--quiet", "--python", "3.12", env, external=True)
+        python = os.path.join(env, "bin", "python")
+        pair = [wheel] if wheel == core else [core, wheel]
+        session.run("uv", "pip", "install", "--quiet", "--python", python, *pair, external=True)
+        session.run(python, "-c", f"import {module}; print({module}.__name__, 'imports')",
+                    external=True)  # fmt: skip
+        session.run(os.path.join(env, "bin", "mtp-hooks"), "plugins", external=True)
+
+
+@nox.session(python="3.12")
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install(RUFF)
@@ -145,4 +178,12 @@ def docs(session: nox.Session) -> None:
     session.install(SPHINX, MYST, "-e", ".")
     out = "docs/_build/html"
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", out)
+    # Every page's footer names the copyright holder (conf.py reads it from pyproject.toml).
+    session.run(
+        "python", "-c",
+        "import sys, pathlib; page = pathlib.Path(sys.argv[1]).read_text(); "
+        "sys.exit(0 if 'mtp-hooks developers' in page and '&#169;.' not in page "
+        "else 'the footer names no copyright holder')",
+        f"{out}/index.html",
+    )  # fmt: skip
     session.log(f"docs site: {out}/index.html")

@@ -1,6 +1,15 @@
 """Sphinx configuration of the docs site (``scripts/nox -s docs`` builds it; CI too)."""
 
-project = "mtp-hooks"
+import pathlib
+import tomllib
+
+# The project's metadata, from pyproject.toml: one place for the name, version and authors.
+_meta = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+project = _meta["name"]
+release = _meta["version"]
+version = ".".join(release.split(".")[:2])
+author = ", ".join(a["name"] for a in _meta["authors"])
+copyright = f"2026, {author}"  # noqa: A001  (Sphinx reads this name)
 extensions = ["myst_parser", "sphinx.ext.autodoc", "sphinx.ext.napoleon"]
 source_suffix = {".md": "markdown", ".rst": "restructuredtext"}
 myst_heading_anchors = 3  # links such as benchmarks.md#megatron-lm-pretrain-... resolve

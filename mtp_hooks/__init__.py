@@ -103,8 +103,14 @@ def __getattr__(name: str) -> Any:
         new = name
     if home is not None:
         import importlib
+        import sys
         import warnings
 
+        # ``from mtp_hooks import name`` first asks ``hasattr`` (importlib's _handle_fromlist,
+        # looking for a submodule of that name), then gets the attribute: warn only then, so
+        # every way of reaching a moved name warns once.
+        if sys._getframe(1).f_code.co_name == "_handle_fromlist":
+            return getattr(importlib.import_module(home), new)
         warnings.warn(
             f"mtp_hooks.{name} is deprecated; use {home}.{new}",
             DeprecationWarning,

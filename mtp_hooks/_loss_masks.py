@@ -24,7 +24,10 @@ if TYPE_CHECKING:
 # A block's mask, or a function that gives each forward's (the arguments of the hook
 # mtp_loss_mask, by keyword) or None to abstain.
 MaskSource = Union["torch.Tensor", Callable[..., Union["torch.Tensor", None]]]
-_CONTEXT: ContextVar[tuple[MaskSource, ...]] = ContextVar("mtp_hooks_loss_masks", default=())
+# The open blocks of this thread or task, outermost first, each as a one-element list: a block
+# that closes removes its own cell, found by identity, so blocks held by generators may close in
+# any order and each still masks exactly the forwards inside it.
+_CONTEXT: ContextVar[tuple[list[MaskSource], ...]] = ContextVar("mtp_hooks_loss_masks", default=())
 CONTEXT = "the mtp_hooks.mtp_loss_mask block"
 # How many blocks are open in all threads together: while none is, a forward that runs MTP
 # skips looking up its own context (a list cell, read by index, is the cheapest test there is).
@@ -68,13 +71,16 @@ def mtp_loss_mask(mask: MaskSource) -> Iterator[None]:
     """
     if not callable(mask):
         _check_values(mask, CONTEXT)
+    cell = [mask]
     with _open_lock:
         OPEN[0] += 1
-    token = _CONTEXT.set((*_CONTEXT.get(), mask))
+    _CONTEXT.set((*_CONTEXT.get(), cell))
     try:
         yield
     finally:
-        _CONTEXT.reset(token)
+        # Not ContextVar.reset: that would also drop blocks opened after this one and still
+        # open, and bring back blocks closed since.
+        _CONTEXT.set(tuple(c for c in _CONTEXT.get() if c is not cell))
         with _open_lock:
             OPEN[0] -= 1
 
@@ -82,7 +88,7 @@ def mtp_loss_mask(mask: MaskSource) -> Iterator[None]:
 def context_masks() -> tuple[MaskSource, ...]:
     """The masks (or mask functions) of the enclosing :func:`mtp_loss_mask` blocks, outermost
     first."""
-    return _CONTEXT.get()
+    return tuple(cell[0] for cell in _CONTEXT.get())
 
 
 def source_name(source: MaskSource) -> str:

@@ -11,65 +11,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 from . import _phase_catalogue
 from ._errors import PolicyError
+from ._policy_entry import VALUES, Key, PolicyEntry
 from ._weights import check_loss_scale, parse_loss_scale
 
-PolicyValue = Literal["run", "skip", "auto"]
-VALUES: dict[str, PolicyValue] = {"run": "run", "skip": "skip", "auto": "auto"}
-
-Key = tuple[str | None, str]  # (role or None, phase name)
-
-
-@dataclass(frozen=True)
-class PolicyEntry:
-    """One (role, phase) setting and where it came from.
-
-    Attributes:
-        value: ``"run"``, ``"skip"`` or ``"auto"``.
-        source: Where it came from (``mtp_hooks.configure()``, a variable or a file).
-        loss_scale: The MTP loss weight for a ``run`` entry (``run:0.3``), else ``None``: the
-            model's own ``mtp_loss_scaling_factor`` (or a plugin's ``mtp_loss_scale``) applies.
-        metrics: Whether forwards that run MTP with labels record MTP loss and top-1 acceptance
-            per depth (``run+metrics``, ``auto+metrics``).
-        detach: ``True`` (``run+detach``, TOML ``detach = true``): MTP runs on detached trunk
-            outputs, embeddings and output weight, so its loss trains only the MTP weights;
-            ``False`` (TOML ``detach = false``): the model's own ``mtp_detach_heads``, whatever
-            plugins say; ``None``: not set here, plugins may decide.
-        mask: ``"labels"`` (``run+mask:labels``, TOML ``mask = "labels"``): the MTP loss also
-            leaves out positions whose label is ``ignore_index``; ``None``: no mask of its own.
-        ignore_index: The label that ``mask = "labels"`` leaves out (TOML ``ignore_index``;
-            ``None``: -100, as in torch's cross-entropy).
-        plugin_masks: ``False`` (TOML ``plugin_masks = false``): plugins' ``mtp_loss_mask``
-            answers are not asked for; ``None``: they are.
-    """
-
-    value: PolicyValue
-    source: str
-    loss_scale: float | None = None
-    metrics: bool = False
-    detach: bool | None = None
-    mask: str | None = None
-    ignore_index: int | None = None
-    plugin_masks: bool | None = None
-
-
-def spell(entry: PolicyEntry) -> str:
-    """``entry`` in the compact grammar (``run:0.3+metrics+detach``), which parses back to it.
-
-    The weight is written as Python's shortest round-trip ``repr``. The TOML-only choices
-    (``detach = false``, the model's own setting; ``ignore_index``; ``plugin_masks = false``)
-    have no compact spelling and are left out.
-    """
-    weight = "" if entry.loss_scale is None else f":{entry.loss_scale!r}"
-    mask = "" if entry.mask is None else f"+mask:{entry.mask}"
-    return (
-        f"{entry.value}{weight}" + "+metrics" * entry.metrics + "+detach" * bool(entry.detach)
-    ) + mask
-
+__all__ = ["IGNORE_INDEX", "parse_policy"]
 
 _ALLOWED = (
     "'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the run/auto forms "
@@ -85,20 +34,8 @@ _GRAMMAR = re.compile(
 OPTIONS = ("metrics", "detach")
 MASKS = ("labels",)  # the mask sources of '+mask:SOURCE' (TOML mask = "SOURCE")
 IGNORE_INDEX = -100  # torch's cross-entropy default, and what megatron's datasets write
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # labels are int64: a label outside can never match
 _TABLE_KEYS = {"mtp", "loss_scale", *OPTIONS, "mask", "ignore_index", "plugin_masks"}
-
-
-@dataclass(frozen=True)
-class _Value:
-    """A parsed policy value, before it is bound to a source."""
-
-    value: PolicyValue
-    loss_scale: float | None = None
-    metrics: bool = False
-    detach: bool | None = None
-    mask: str | None = None
-    ignore_index: int | None = None
-    plugin_masks: bool | None = None
 
 
 def _mask(raw: object, where: str, value: str) -> str | None:
@@ -115,7 +52,7 @@ def _mask(raw: object, where: str, value: str) -> str | None:
     return raw.strip().lower()
 
 
-def _value(raw: object, source: str, key: str) -> _Value:
+def _value(raw: object, source: str, key: str) -> PolicyEntry:
     """A policy value: a string such as ``run:0.3+detach``, or a
     ``{mtp, loss_scale, metrics, detach}`` table."""
     where = f"{source}: key {key!r}"
@@ -141,6 +78,11 @@ def _value(raw: object, source: str, key: str) -> _Value:
         ignore = raw.get("ignore_index")
         if ignore is not None and (isinstance(ignore, bool) or not isinstance(ignore, int)):
             raise PolicyError(f"{where}: 'ignore_index' is an integer label, not {ignore!r}")
+        if ignore is not None and not INT64_MIN <= ignore <= INT64_MAX:
+            raise PolicyError(
+                f"{where}: 'ignore_index' {ignore} does not fit the labels' int64; give a "
+                f"label in [{INT64_MIN}, {INT64_MAX}] (torch's default is {IGNORE_INDEX})"
+            )
         mask = _mask(raw.get("mask"), where, value)
         if ignore is not None and mask != "labels":
             raise PolicyError(
@@ -150,9 +92,10 @@ def _value(raw: object, source: str, key: str) -> _Value:
         plugin_masks = raw.get("plugin_masks")
         if plugin_masks is not None and not isinstance(plugin_masks, bool):
             raise PolicyError(f"{where}: 'plugin_masks' is true or false, not {plugin_masks!r}")
-        return _Value(
-            value, weight, bool(flags["metrics"]), flags["detach"], mask, ignore, plugin_masks
-        )
+        return PolicyEntry(
+            value, source, weight, bool(flags["metrics"]), flags["detach"], mask, ignore,
+            plugin_masks,
+        )  # fmt: skip
     if not isinstance(raw, str):
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
     match = _GRAMMAR.fullmatch(raw.lower())
@@ -179,7 +122,7 @@ def _value(raw: object, source: str, key: str) -> _Value:
     metrics, detach = (_check_option(o, o in options or None, where, named) for o in OPTIONS)
     given = [o.partition(":")[2] for o in options if o.startswith("mask:")]
     mask = _mask(given[0], where, named) if given else None
-    return _Value(named, weight, bool(metrics), detach, mask)
+    return PolicyEntry(named, source, weight, bool(metrics), detach, mask)
 
 
 def _check_option(option: str, flag: bool | None, where: str, value: str) -> bool | None:
@@ -217,21 +160,12 @@ def _add(
     entries: dict[Key, PolicyEntry],
     key: Key,
     raw_key: str,
-    value: _Value,
+    value: PolicyEntry,
     source: str,
 ) -> None:
     if key in entries:
         raise PolicyError(f"{source}: duplicate key {raw_key!r}; give each (role, phase) once")
-    entries[key] = PolicyEntry(
-        value.value,
-        source,
-        value.loss_scale,
-        value.metrics,
-        value.detach,
-        value.mask,
-        value.ignore_index,
-        value.plugin_masks,
-    )
+    entries[key] = value
 
 
 def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
@@ -264,7 +198,8 @@ def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEnt
 def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dict[Key, PolicyEntry]:
     """Validate a policy given as a compact string or a mapping, and return its entries.
 
-    The compact string is ``PHASE=VALUE`` or ``ROLE.PHASE=VALUE`` items separated by commas, e.g.
+    The compact string is ``PHASE=VALUE`` or ``ROLE.PHASE=VALUE`` items separated by single
+    commas (an empty or blank string is no policy; an empty item is an error), e.g.
     ``"train=run:0.3+detach,eval=run+metrics,teacher.train=skip"``; ``run:WEIGHT`` also sets
     the MTP loss weight, ``+metrics`` records MTP loss and acceptance, and ``+detach`` keeps the
     MTP loss's gradient out of the trunk. The mapping is shaped like the
@@ -283,9 +218,15 @@ def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dic
             f"not {type(policy).__name__}"
         )
     entries: dict[Key, PolicyEntry] = {}
-    for item in policy.split(","):
+    if not policy.strip():  # an empty MTP_HOOKS_POLICY: no policy from this source
+        return entries
+    items = policy.split(",")
+    for number, item in enumerate(items, 1):
         if not item.strip():
-            continue
+            raise PolicyError(
+                f"{source}: item {number} of {len(items)} in {policy!r} is empty (a stray "
+                "comma); separate PHASE=VALUE items by single commas, with none at either end"
+            )
         raw_key, sep, raw_value = item.partition("=")
         if not sep:
             raise PolicyError(

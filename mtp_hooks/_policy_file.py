@@ -11,7 +11,8 @@ import sys
 from typing import Any
 
 from ._errors import PolicyError
-from ._policy import Key, PolicyEntry, parse_policy
+from ._policy import parse_policy
+from ._policy_entry import Key, PolicyEntry
 
 if sys.version_info >= (3, 11):
     import tomllib

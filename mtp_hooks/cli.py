@@ -11,8 +11,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from . import _decision, _policy, _policy_file, _roles, plugins
-from ._errors import MTPHooksError
+from . import _decision, _policy, _policy_entry, _policy_file, _roles, plugins
+from ._errors import MTPHooksError, PolicyError
 
 __all__ = ["main"]
 
@@ -45,15 +45,25 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
-    entries = _policy_file.load_policy_file(args.file)
+    if (args.file is None) == (args.policy is None):
+        raise PolicyError(
+            "check-config takes a TOML file or --policy STRING (the compact grammar of "
+            "configure() and MTP_HOOKS_POLICY), one of the two"
+        )
+    if args.policy is not None:
+        what = f"policy {args.policy!r}"
+        entries = _policy.parse_policy(args.policy, "--policy")
+    else:
+        what = args.file
+        entries = _policy_file.load_policy_file(args.file)
     for (role, phase), entry in sorted(entries.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
         own = " (detach = false: the model's own)" if entry.detach is False else ""
         if entry.ignore_index is not None:
             own += f" (ignore_index = {entry.ignore_index})"
         if entry.plugin_masks is False:
             own += " (plugin_masks = false)"
-        print(f"{role + '.' if role else ''}{phase} = {_policy.spell(entry)}{own}")
-    print(f"{args.file}: valid ({len(entries)} entries)")
+        print(f"{role + '.' if role else ''}{phase} = {_policy_entry.spell(entry)}{own}")
+    print(f"{what}: valid ({len(entries)} entries)")
     return 0
 
 
@@ -75,8 +85,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--phase", required=True)
     p.add_argument("--role", default=None)
     p.set_defaults(func=_cmd_explain)
-    p = sub.add_parser("check-config", help="validate a TOML policy file")
-    p.add_argument("file")
+    p = sub.add_parser("check-config", help="validate a TOML policy file or a policy string")
+    p.add_argument("file", nargs="?", help="a TOML file with a [policy] table")
+    p.add_argument("--policy", help="a compact policy string, e.g. 'train=run,eval=skip'")
     p.set_defaults(func=_cmd_check_config)
     p = sub.add_parser("demo", help="run MTP policies on tiny real megatron-core models (CPU)")
     p.add_argument("--policy", default="train=run,eval=run+metrics,rollout=skip")

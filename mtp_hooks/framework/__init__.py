@@ -14,13 +14,9 @@ from __future__ import annotations
 
 from ._acceptance_controller import AcceptanceController
 from ._config_reading import MISSING, RoleSettings, as_mapping, read_key
+from ._draft_depth import SpeculationAdvice, recommend_num_speculative_tokens
+from ._engine_acceptance import acceptance_from_counts, acceptance_from_megatron
 from ._schedules import loss_scale_schedule
-from ._speculation import (
-    SpeculationAdvice,
-    acceptance_from_counts,
-    acceptance_from_megatron,
-    recommend_num_speculative_tokens,
-)
 from ._vote_caching import cacheable_vote, framework_imported, votes_changed
 
 __all__ = [

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import torch
 
 METRICS = ("accepted_length", "acceptance", "chain_acceptance")
+MAX_WINDOW = 1_000_000  # updates pooled at most: far beyond any run's, and a deque can hold it
 
 
 def _weight(value: float | None, name: str) -> float | None:
@@ -48,7 +49,8 @@ class AcceptanceController:
         metric: ``"accepted_length"`` (mean greedy chain length, the default),
             ``"acceptance"`` or ``"chain_acceptance"`` (at ``depth``).
         depth: The MTP depth that ``acceptance``/``chain_acceptance`` read (1 = first).
-        window: How many :meth:`update` calls' figures are pooled for a decision.
+        window: How many :meth:`update` calls' figures are pooled for a decision (1 to
+            1,000,000).
         watch: The phase whose recorded metrics are collected (``"eval"``).
         phase: The phase whose MTP weight is controlled (``"train"``).
         group: The process group the figures are reduced over; ``None``: megatron's data-parallel
@@ -94,8 +96,11 @@ class AcceptanceController:
             raise PolicyError(f"AcceptanceController: metric must be one of {METRICS}")
         if isinstance(depth, bool) or not isinstance(depth, int) or depth < 1:
             raise PolicyError("AcceptanceController: depth must be an int >= 1")
-        if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-            raise PolicyError("AcceptanceController: window must be an int >= 1")
+        if isinstance(window, bool) or not isinstance(window, int) or not 1 <= window <= MAX_WINDOW:
+            raise PolicyError(
+                f"AcceptanceController: window must be an int from 1 to {MAX_WINDOW}, got "
+                f"{window!r}"
+            )
         if isinstance(target, bool) or not isinstance(target, (int, float)):
             raise PolicyError("AcceptanceController: target must be a number")
         if not math.isfinite(target):
@@ -124,7 +129,17 @@ class AcceptanceController:
         A collective under ``torch.distributed``: call it on every rank of the group at the
         same point of the loop (after evaluation, at a log interval). Returns the weight the
         controlled phase now runs with; ``None`` means skip.
+
+        Raises:
+            PolicyError: Something other than :class:`~mtp_hooks.MTPMetrics` is given (the
+                collective is never entered, so every rank raises alike).
         """
+        for m in metrics:
+            if not isinstance(m, MTPMetrics):
+                raise PolicyError(
+                    f"AcceptanceController.update: got {type(m).__name__}; give MTPMetrics "
+                    "(from handle.metrics(), a recorded forward, or acceptance_from_counts)"
+                )
         batch, self.pending = [*self.pending, *metrics], []
         usable = [
             m for m in batch if self.metric == "accepted_length" or len(m.tokens) >= self.depth

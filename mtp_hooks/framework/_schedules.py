@@ -21,9 +21,9 @@ def loss_scale_schedule(
     ``mtp_loss_scale`` hook, with the step the framework gives the plugin.
 
     Raises:
-        PolicyError: No points, a point's step or ``step`` that is not an int >= 0 (a bool, a
-            float, a string or ``None`` is refused), or a weight that is not a finite number
-            >= 0 (a string is refused).
+        PolicyError: ``points`` is not a mapping or is empty, a point's step or ``step`` is
+            not an int >= 0 (a bool, a float, a string or ``None`` is refused), or a weight is
+            not a finite number >= 0 (a string is refused).
 
     Example:
         >>> from mtp_hooks.framework import loss_scale_schedule
@@ -34,6 +34,11 @@ def loss_scale_schedule(
         >>> loss_scale_schedule({0: 0.0, 1_000: 0.3}, 500, interpolate=True)
         0.15
     """
+    if not isinstance(points, Mapping):
+        raise PolicyError(
+            f"loss_scale_schedule: the points are a {{step: weight}} mapping, not "
+            f"{type(points).__name__} (e.g. {{0: 0.3, 10_000: 0.1}})"
+        )
     if not points:
         raise PolicyError("loss_scale_schedule: give at least one {step: weight} point")
     table = []

@@ -437,3 +437,31 @@ def test_under_a_weight_or_detach_a_block_mask_trains_as_passing_it_as_loss_mask
     if "detach" in policy:  # the mask changes what MTP learns, never the trunk's update
         trunk = [n for n in grads["block"] if n not in mtp]
         assert all(same({n: grads["block"][n]}, {n: grads["skip"][n]}) for n in trunk)
+
+
+def test_blocks_held_by_generators_mask_exactly_their_forwards_whatever_order_they_close_in(
+    build, batch
+):
+    """Two generators each hold a block; the outer one is closed first."""
+    outer_mask, inner_mask = response_only(batch), torch.ones_like(batch.labels)
+    inner_mask[:, : SEQ // 4] = 0
+    model, plain = build(seed=12), build(seed=12)
+    mtp_hooks.attach(model)
+
+    def holding(mask):
+        with mtp_hooks.mtp_loss_mask(mask):
+            yield
+
+    outer, inner = holding(outer_mask), holding(inner_mask)
+    next(outer)
+    next(inner)
+    outer.close()  # the outer block ends while the inner one is still open
+    _, grads = masked_step(model, batch)
+    assert same(grads, masked_step(plain, batch, loss_mask=inner_mask.float())[1])
+    inner.close()
+    _, grads = masked_step(model, batch)  # no block is open any more
+    assert same(grads, masked_step(plain, batch)[1])
+    with mtp_hooks.mtp_loss_mask(inner_mask):  # a later block: the closed ones stay gone
+        _, grads = masked_step(model, batch)
+    assert same(grads, masked_step(plain, batch, loss_mask=inner_mask.float())[1])
+    assert mtp_hooks._loss_masks.context_masks() == ()

@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+import mtp_hooks
+
 
 def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
@@ -136,3 +138,26 @@ def test_the_console_script_is_installed():
         timeout=120,
     )
     assert out.returncode == 0 and "result: run (decided by default)" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("policy", "valid"),
+    [("train=run,eval=skip", "valid (2 entries)"), ("", "valid (0 entries)"),
+     ("train=run,", None), (",", None), (",train=run", None), ("train=run,,eval=skip", None)],
+)  # fmt: skip
+def test_check_config_checks_a_policy_string_as_configure_does(policy, valid):
+    out = cli("check-config", "--policy", policy)
+    if valid is None:
+        assert out.returncode == 2 and "is empty (a stray comma)" in out.stderr
+        with pytest.raises(mtp_hooks.PolicyError, match="stray comma"):
+            mtp_hooks.configure(policy)
+    else:
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.strip().endswith(valid)
+        mtp_hooks.configure(policy)
+
+
+def test_check_config_wants_a_file_or_a_policy_string_not_both():
+    for argv in (["check-config"], ["check-config", "x.toml", "--policy", "train=run"]):
+        out = cli(*argv)
+        assert out.returncode == 2 and "one of the two" in out.stderr

@@ -7,6 +7,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 import mtp_hooks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -93,3 +95,23 @@ def test_every_docs_page_is_in_the_sites_table_of_contents():
     pages = {path.stem for path in (ROOT / "docs").glob("*.md")} - {"index"}
     listed = set(re.findall(r"^([a-z-]+)$", index, flags=re.M))
     assert pages <= listed
+
+
+def test_the_docs_site_takes_its_name_version_and_copyright_holder_from_pyproject():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+, as the docs session has
+    import runpy
+
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    conf = runpy.run_path(str(ROOT / "docs" / "conf.py"))
+    assert conf["project"] == meta["name"] and conf["release"] == meta["version"]
+    holder = meta["authors"][0]["name"]
+    assert holder and conf["author"] == holder and conf["copyright"].endswith(holder)
+
+
+def test_no_install_line_names_a_distribution_the_package_index_does_not_have():
+    """mtp-hooks is not on the index: ``pip install mtp-hooks`` would find nothing (or, one day,
+    someone else's package). Install lines install from a checkout."""
+    pages = [README, *(p.read_text() for p in (ROOT / "docs").glob("*.md"))]
+    pages += [p.read_text() for p in (ROOT / "plugins").glob("*/README.md")]
+    by_name = re.compile(r"pip install [\"']?mtp-hooks")
+    assert not [m.group(0) for page in pages for m in by_name.finditer(page)]

@@ -21,7 +21,8 @@ LAYERS = {
         "mtp_hooks._plugin_checks", "mtp_hooks._plugin_registry", "mtp_hooks._roles",
     ],
     "policy": [
-        "mtp_hooks._phase_catalogue", "mtp_hooks._policy", "mtp_hooks._policy_file",
+        "mtp_hooks._phase_catalogue", "mtp_hooks._policy_entry", "mtp_hooks._policy",
+        "mtp_hooks._policy_file",
         "mtp_hooks._sources", "mtp_hooks._decision", "mtp_hooks._loss_masks",
     ],
     "public faces below the adapters": [

@@ -10,7 +10,8 @@ import pytest
 
 import mtp_hooks
 from mtp_hooks import MTPMetrics, PolicyError
-from mtp_hooks._policy import parse_policy, spell
+from mtp_hooks._policy import parse_policy
+from mtp_hooks._policy_entry import spell
 from mtp_hooks.framework import AcceptanceController, loss_scale_schedule
 
 from plugin_answers import answers
@@ -181,6 +182,9 @@ def test_a_schedule_weight_given_as_a_string_is_refused():
         ({"train": {"mtp": "run", "mask": "labels", "ignore_index": 1.5}}, "integer label"),
         ({"train": {"mtp": "run", "mask": "labels", "ignore_index": True}}, "integer label"),
         ({"train": {"mtp": "run", "plugin_masks": "no"}}, "'plugin_masks' is true or false"),
+        ({"train": {"mtp": "run", "mask": "labels", "ignore_index": 2**64}}, "does not fit"),
+        ({"train": {"mtp": "run", "mask": "labels", "ignore_index": 2**63}}, "does not fit"),
+        ({"train": {"mtp": "run", "mask": "labels", "ignore_index": -(2**63) - 1}}, "not fit"),
         ({"train": {"mtp": "run", "mask": ["labels"]}}, "unknown MTP loss mask source"),
     ],
 )
@@ -193,3 +197,22 @@ def test_mask_labels_spells_back_to_itself_with_any_other_option():
     for text in ("run+mask:labels", "run:0.3+metrics+detach+mask:labels", "auto+mask:labels"):
         (entry,) = parse_policy(f"train={text}").values()
         assert spell(entry) == text and entry.mask == "labels"
+
+
+@pytest.mark.parametrize("ignore", [-(2**63), 2**63 - 1, -100, 0])
+def test_an_ignore_index_anywhere_in_int64_is_taken(ignore):
+    (entry,) = parse_policy(
+        {"train": {"mtp": "run", "mask": "labels", "ignore_index": ignore}}
+    ).values()
+    assert entry.ignore_index == ignore
+
+
+def test_an_ignore_index_beyond_int64_in_toml_is_refused_when_the_file_is_read(tmp_path):
+    from mtp_hooks._policy_file import load_policy_file
+
+    path = tmp_path / "big.toml"
+    path.write_text(
+        '[policy]\ntrain = {mtp = "run", mask = "labels", ignore_index = 18446744073709551616}\n'
+    )
+    with pytest.raises(mtp_hooks.MTPHooksError, match="does not fit the labels' int64"):
+        load_policy_file(path)

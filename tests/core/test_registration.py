@@ -232,3 +232,20 @@ def test_errors_print_under_the_name_they_are_imported_by():
 def test_the_package_has_a_version_and_lists_it():
     assert mtp_hooks.__version__ == importlib.metadata.version("mtp-hooks")
     assert {"attach", "AttachHandle", "freeze_mtp", "__version__", "decide"} <= set(dir(mtp_hooks))
+
+
+@pytest.mark.parametrize("name", [*MOVED, "PluginLoadError"])
+@pytest.mark.parametrize(
+    "how",
+    ["from mtp_hooks import {name}", "import mtp_hooks; mtp_hooks.{name}",
+     "import mtp_hooks; getattr(mtp_hooks, {name!r})"],
+)  # fmt: skip
+def test_every_way_of_reaching_a_moved_name_warns_exactly_once(name, how):
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        exec(how.format(name=name), {})
+    messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
+    assert len(messages) == 1 and f"mtp_hooks.{name} is deprecated" in messages[0]
+    assert caught[0].filename == "<string>"  # the warning points at the line that asked

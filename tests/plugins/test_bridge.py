@@ -302,6 +302,25 @@ def test_a_batch_without_loss_mask_is_refused_naming_it(build, bridge):
         step(STATE, iter([batch]), model)
 
 
+@pytest.mark.parametrize("mask", [[1.0] * SEQ, "all", 1.0])
+def test_a_batch_whose_loss_mask_is_not_a_tensor_is_refused_naming_it(build, bridge, mask):
+    batch = sft_batch()
+    batch["loss_mask"] = mask
+    model = build(seed=6, attention="sdpa")
+    config, process = model.config, model.mtp_process
+    mtp_hooks.attach(model)
+    model.train()
+
+    def forward_step(state, data_iterator, model):  # a step that hands the mask on as it is
+        pulled = next(data_iterator)
+        return model(pulled["tokens"], pulled["position_ids"], None, labels=pulled["labels"])
+
+    step = mtp_hooks_bridge.masked_forward_step(forward_step)
+    with pytest.raises(mtp_hooks.PolicyError, match="'loss_mask' of type"):
+        step(STATE, iter([batch]), model)
+    assert model.config is config and model.mtp_process is process
+
+
 def test_a_step_without_a_data_iterator_is_refused_when_wrapped():
     def step(state, batches, model):
         return None

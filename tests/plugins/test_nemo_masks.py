@@ -47,9 +47,15 @@ def test_positive_only_keeps_the_tokens_with_a_positive_advantage_per_token_or_p
         ({"token_mask": torch.ones(SEQ)}, "'token_mask' must be"),
         ({"advantages": torch.ones(4, SEQ + 1)}, "'advantages' has shape"),
         ({"advantages": None}, "'advantages'"),
+        ({"advantages": torch.ones(4, SEQ, 1)}, r"'advantages' has shape \(4, 16, 1\)"),
+        ({"advantages": torch.tensor(1.0)}, r"'advantages' has shape \(\)"),
+        ({"advantages": torch.ones(4, 2)}, "'advantages' has shape"),
+        ({"advantages": torch.ones(5)}, "'advantages' has shape"),
+        ({"sample_mask": torch.tensor(1.0)}, "'sample_mask' has shape"),
     ],
 )
 def test_a_missing_or_misshapen_key_is_refused_naming_it(change, named):
+    assert SEQ == 16  # the patterns name the shapes
     with pytest.raises(mtp_hooks.PolicyError, match=named):
         mtp_hooks_nemo.mtp_loss_mask(dict(rl_batch(), **change), positive_only=True)
 
@@ -73,3 +79,16 @@ def test_in_a_block_it_trains_mtp_as_nemo_rl_passing_that_mask_as_loss_mask(buil
             model(*batch.args(), loss_mask=mask, **kwargs).sum().backward()
         grads.append({n: p.grad for n, p in model.named_parameters()})
     assert all(torch.equal(grads[0][n], grads[1][n]) for n in grads[0])
+
+
+def test_advantages_of_shape_batch_seq_1_are_refused_even_where_batch_equals_seq():
+    """[B, S, 1] with B == S once broadcast silently to a [B, S, S] mask."""
+    square = {
+        "token_mask": torch.ones(SEQ, SEQ),
+        "sample_mask": torch.ones(SEQ),
+        "advantages": torch.ones(SEQ, SEQ, 1),
+    }
+    with pytest.raises(mtp_hooks.PolicyError, match="'advantages' has shape"):
+        mtp_hooks_nemo.mtp_loss_mask(square, positive_only=True)
+    square["advantages"] = torch.ones(SEQ, 1)
+    assert mtp_hooks_nemo.mtp_loss_mask(square, positive_only=True).shape == (SEQ, SEQ)

@@ -129,6 +129,14 @@ class LossMaskTap:
                 "mtp_hooks_bridge: the batch this forward step pulled has no 'loss_mask'; "
                 "masked_forward_step needs one (every Megatron-Bridge dataset gives it)"
             )
+        import torch
+
+        if not isinstance(mask, torch.Tensor):
+            raise PolicyError(
+                f"mtp_hooks_bridge: the batch this forward step pulled has a 'loss_mask' of "
+                f"type {type(mask).__name__}; masked_forward_step needs a tensor the shape of "
+                "the labels (0/1 or weights >= 0): give the dataset's mask as a tensor"
+            )
         like = labels if labels is not None else input_ids
         if tuple(mask.shape) != tuple(like.shape):
             raise PolicyError(

@@ -31,7 +31,7 @@ def mtp_loss_mask(batch: Mapping[str, Any], *, positive_only: bool = False) -> t
 
     Args:
         batch: A NeMo-RL ``BatchedDataDict`` or any mapping with ``token_mask`` ``[B, S]`` and
-            ``sample_mask`` ``[B]``, and ``advantages`` (``[B, S]`` or ``[B]``) for
+            ``sample_mask`` ``[B]``, and ``advantages`` (``[B, S]``, ``[B, 1]`` or ``[B]``) for
             ``positive_only``.
         positive_only: Keep only the tokens whose advantage is positive.
 
@@ -65,15 +65,17 @@ def mtp_loss_mask(batch: Mapping[str, Any], *, positive_only: bool = False) -> t
     mask = tokens.float() * samples.float().unsqueeze(-1)
     if positive_only:
         advantages = _key(batch, "advantages")
+        given = tuple(advantages.shape)
         if advantages.dim() == 1:
             advantages = advantages.unsqueeze(-1)
-        if advantages.shape[0] != tokens.shape[0] or advantages.shape[1] not in (
-            1,
-            tokens.shape[1],
+        # Exactly [B], [B, 1] or [B, S]: a [B, S, 1] would broadcast to [B, S, S] where B == S.
+        if advantages.dim() != 2 or tuple(advantages.shape) not in (
+            (tokens.shape[0], 1),
+            tuple(tokens.shape),
         ):
             raise PolicyError(
-                f"NeMo-RL batch: 'advantages' has shape {tuple(batch['advantages'].shape)}; "
-                f"it must be [batch, seq] or [batch] for 'token_mask' {tuple(tokens.shape)}"
+                f"NeMo-RL batch: 'advantages' has shape {given}; it must be [batch, seq], "
+                f"[batch, 1] or [batch] for 'token_mask' {tuple(tokens.shape)}"
             )
         mask = mask * (advantages > 0).float()
     return mask
