@@ -27,11 +27,13 @@ from typing import Any
 class AutoAttachState:
     """What auto-attach (:mod:`mtp_hooks.megatron._auto`) keeps, every table held weakly."""
 
-    __slots__ = ("registration", "watchers", "parents", "wrappers", "handles")
+    __slots__ = ("registration", "clip_mtp_apart", "watchers", "parents", "wrappers", "handles")
 
     def __init__(self) -> None:
         self.registration: Any = None
         """torch's handle of the module registration hook while auto-attach is on, else None."""
+        self.clip_mtp_apart = False
+        """Whether models get their MTP weights clipped apart as they are built."""
         self.watchers: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         """Model -> the handle of its one-shot first-forward hook."""
         self.parents: weakref.WeakKeyDictionary[Any, weakref.ref[Any]] = weakref.WeakKeyDictionary()

@@ -20,7 +20,7 @@ __all__ = [
 ]
 
 
-def auto_attach(enabled: bool = True) -> None:
+def auto_attach(enabled: bool = True, *, clip_mtp_apart: bool = False) -> None:
     """Attach every MTP-carrying megatron-core model built from now on in this process.
 
     A model is attached at its first forward, through the outermost wrapper (DDP,
@@ -31,8 +31,14 @@ def auto_attach(enabled: bool = True) -> None:
     stay attached (``mtp_hooks.detach`` them). ``MTP_HOOKS_AUTO=1`` turns it on in every Python
     process that sees the variable, at the moment that process imports torch.
 
-    Raises:
-        UnsupportedModelError: torch is not installed.
+    Args:
+        enabled: Start (``True``, the default) or stop watching for new models.
+        clip_mtp_apart: Also tag each model's MTP weights for megatron's separate MTP
+            gradient clip (:func:`clip_mtp_apart`) the moment its MTP block is built, before
+            any wrapper or optimizer exists (default ``False``). ``+detach`` under megatron's
+            clipping optimizer needs the tag, and where a framework builds the model, the
+            optimizer and the first forward in one call (Megatron-LM's ``pretrain()``,
+            ``train_rl.py``), there is no other moment to set it. Needs megatron-core 0.19+.
 
     Example:
         .. code-block:: python
@@ -49,4 +55,4 @@ def auto_attach(enabled: bool = True) -> None:
         raise UnsupportedModelError(
             f"mtp_hooks.auto_attach needs torch ({exc}); pip install 'mtp-hooks[megatron]'"
         ) from exc
-    enable(enabled)
+    enable(enabled, clip_mtp_apart=clip_mtp_apart)

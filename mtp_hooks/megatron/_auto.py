@@ -25,12 +25,15 @@ import torch
 
 from .. import _runtime
 from .._errors import UnsupportedModelError
-from . import _attach, _capabilities
+from . import _attach, _capabilities, _freezing
 
 
-def enable(enabled: bool = True) -> None:
+def enable(enabled: bool = True, *, clip_mtp_apart: bool = False) -> None:
     """Start (or with ``False`` stop) watching for new models; see ``mtp_hooks.auto_attach``."""
     auto = _runtime.current.auto
+    if clip_mtp_apart and enabled and _capabilities.mtp_grad_norm_group() is None:
+        _freezing.clip_mtp_apart_parameters([], [])  # raises, naming the fix, changing nothing
+    auto.clip_mtp_apart = bool(clip_mtp_apart and enabled)
     if enabled and auto.registration is None:
         register = torch.nn.modules.module.register_module_module_registration_hook
         auto.registration = register(_on_registration)
@@ -46,6 +49,10 @@ def _on_registration(parent: torch.nn.Module, name: str, child: torch.nn.Module)
             isinstance(parent, _capabilities.language_model_classes())
             and parent not in auto.watchers
         ):
+            if auto.clip_mtp_apart and _capabilities.has_mtp(parent):
+                # The block is built (``parent.mtp`` is set once this hook returns), and no
+                # wrapper or optimizer exists yet.
+                _freezing.clip_mtp_apart_parameters([], [], blocks=(child,))
             _watch(parent)
     elif name == "module" and (
         child in auto.watchers or child in auto.wrappers or child in auto.handles
@@ -66,7 +73,17 @@ def _watch(model: torch.nn.Module) -> None:
 
 
 def _first_forward(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Attach ``model`` through its outermost wrapper, then gate this very call."""
+    """Attach ``model`` through its outermost wrapper, then gate this very call.
+
+    An inference forward (a rollout engine's) leaves the model unattached until its first
+    forward that is not one: inference forwards are never gated, and megatron's RL loop sets
+    inference-only settings (local CUDA graphs) on the model's config while its engine runs, so
+    attach-time checks would read settings the model never trains under. A refusal raised
+    there would also surface inside the engine's event loop, which stops it and leaves the
+    trainer waiting for rollouts forever.
+    """
+    if _capabilities.inference_call(model, args, kwargs):
+        return None
     auto = _runtime.current.auto
     auto.watchers.pop(model).remove()
     outer = model

@@ -106,6 +106,19 @@ def labels_position(cls: Any) -> int | None:
     return None
 
 
+def inference_call(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
+    """Whether this call of ``model`` is an inference forward: megatron's ``InferenceMode`` is
+    active, or an inference context is passed (by name or by position)."""
+    mode = inference_mode_class()
+    if mode is not None and mode.is_active():
+        return True
+    cls: Any = type(model)  # a class is hashable; mypy reads type[Any] as maybe not
+    names, positions = inference_arguments(cls)
+    if any(kwargs.get(name) is not None for name in names):
+        return True
+    return any(index < len(args) and args[index] is not None for index in positions)
+
+
 @functools.lru_cache(maxsize=1)
 def inference_mode_class() -> Any:
     """megatron's process-wide ``InferenceMode`` (0.18+, with ``is_active()``), else ``None``."""

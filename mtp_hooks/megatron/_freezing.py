@@ -63,14 +63,17 @@ def freeze_trunk_parameters(
 
 
 def clip_mtp_apart_parameters(
-    models: list[torch.nn.Module], wrappers: list[torch.nn.Module]
+    models: list[torch.nn.Module],
+    wrappers: list[torch.nn.Module],
+    blocks: tuple[torch.nn.Module, ...] = (),
 ) -> list[str]:
     """Put every parameter of each model's MTP block in megatron's MTP gradient-norm group, as
     megatron tags them when a model is built with ``mtp_detach_heads=True``.
 
     Refuses, changing nothing, where this megatron-core's optimizer has no such group, where
     the model is already wrapped in DDP (an optimizer may already have copied the parameters'
-    tags), and where a parameter already belongs to another group.
+    tags), and where a parameter already belongs to another group. ``blocks`` are MTP blocks
+    given directly (auto-attach tags a block as it is assigned, before ``model.mtp`` exists).
     """
     group = _capabilities.mtp_grad_norm_group()
     if group is None:
@@ -83,7 +86,7 @@ def clip_mtp_apart_parameters(
         )
     params = [
         (f"mtp.{n}", p) for m in models if has_mtp(m) for n, p in _block(m).named_parameters()
-    ]
+    ] + [(f"mtp.{n}", p) for block in blocks for n, p in block.named_parameters()]
     wrapped = any(hasattr(p, "main_grad") for _, p in params) or any(
         isinstance(w, torch.nn.parallel.DistributedDataParallel) for w in wrappers
     )

@@ -148,8 +148,10 @@ def clipping_refusal(model: Any) -> str | None:
         f"{group!r} gradient-norm group, so a global gradient clip (megatron's optimizer clips "
         "at clip_grad=1.0 unless told otherwise) would count MTP's gradients in the trunk's "
         "clip coefficient and change the policy's update. Call mtp_hooks.clip_mtp_apart(model) "
-        "on the bare model before wrapping it in DDP, building the optimizer and attaching it "
-        "(a model built with mtp_detach_heads=True is tagged already)"
+        "on the bare model before wrapping it in DDP, building the optimizer and attaching it, "
+        "or, where a framework builds the model (Megatron-LM's pretrain() or train_rl.py), "
+        "call mtp_hooks.auto_attach(clip_mtp_apart=True) before it does (a model built with "
+        "mtp_detach_heads=True is tagged already)"
     )
 
 

@@ -82,3 +82,39 @@ def test_an_unsupported_model_names_auto_attach_in_its_error(auto, build, batch)
     mtp_hooks.configure("eval=run+metrics")
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="MTP_HOOKS_AUTO"):
         model(*batch.args(), labels=batch.labels)
+
+
+def test_an_inference_forward_leaves_the_model_to_be_attached_by_its_first_training_forward(
+    auto, build, batch, count_mtp
+):
+    """Megatron-LM's RL loop: the engine's rollouts come first, under local CUDA graphs set on
+    the config for inference only; the log-prob and policy forwards run with graphs off."""
+    try:
+        from megatron.core.inference.utils import InferenceMode
+    except ImportError:
+        pytest.skip("InferenceMode exists from megatron-core 0.18")
+    from test_attach import graphed
+
+    model = graphed(build(), "local")
+    mtp_hooks.clip_mtp_apart(model)  # what +detach needs under megatron's clipping optimizer
+    counter = count_mtp(model)
+    mtp_hooks.configure("train=run+detach,eval=skip")  # refused under local training graphs
+    model.eval()
+    with torch.no_grad(), InferenceMode.active():
+        try:
+            model(*batch.args(), runtime_gather_output=True)  # a rollout: no refusal
+        except mtp_hooks.MTPHooksError:
+            raise
+        except Exception:  # a CPU inference pass may fail later; only the hooks matter here
+            pass
+    assert not model._forward_hooks  # not attached yet: an attached model has a post-hook
+    model.config.cuda_graph_impl = "none"  # as megatron restores it before training
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)  # the old log-prob pass: attaches, skips
+    model.train()
+    model(*batch.args(), labels=batch.labels).sum().backward()
+    assert counter.n == 1
+    assert mtp_hooks.attach(model).stats() == {
+        "eval": {"skip": 1},
+        "train": {"run": 1, "detached": 1},
+    }

@@ -16,7 +16,14 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import Paused, deepcopy_model, forward_in, has_detach_field, train_step
+from model_fixtures import (
+    VOCAB,
+    Paused,
+    deepcopy_model,
+    forward_in,
+    has_detach_field,
+    train_step,
+)
 from plugin_answers import answers
 
 needs_field = pytest.mark.skipif(
@@ -335,3 +342,27 @@ def test_clip_mtp_apart_is_refused_where_the_optimizer_has_no_separate_groups(bu
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="SEPARATE_GRAD_NORM_GROUPS"):
         mtp_hooks.clip_mtp_apart(model)
     assert not any(hasattr(p, "grad_norm_group") for p in model.parameters())
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="SEPARATE_GRAD_NORM_GROUPS"):
+        mtp_hooks.auto_attach(clip_mtp_apart=True)
+    from mtp_hooks import _runtime
+
+    assert _runtime.current.auto.registration is None  # auto-attach stayed off
+
+
+@needs_field
+def test_auto_attach_can_clip_mtp_apart_as_the_model_is_built_so_detach_needs_no_call(kind, batch):
+    """Megatron-LM's pretrain() and train_rl.py build the model, wrap it and build the
+    optimizer in one call: the tag has to be set while the model is built."""
+    builder = tiny_models.build_gpt if kind == "gpt" else tiny_models.build_hybrid
+    spec = tiny_models.TinySpec(seq_length=batch.labels.shape[1], vocab_size=VOCAB)
+    mtp_hooks.auto_attach(clip_mtp_apart=True)
+    try:
+        model = builder(spec)  # the bare model, as megatron builds it: nothing tags it after
+    finally:
+        mtp_hooks.auto_attach(False)
+    assert {p.grad_norm_group for p in model.mtp.parameters()} == {"mtp"}
+    trunk = [p for n, p in model.named_parameters() if not n.startswith("mtp.")]
+    assert not any(hasattr(p, "grad_norm_group") for p in trunk)
+    mtp_hooks.configure("train=run+detach")
+    train_step(model, batch)  # attached at this first forward: +detach is not refused
+    assert mtp_hooks.attach(model).stats()["train"] == {"run": 1, "detached": 1}

@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# The megatron_rl benchmark on one GPU machine without a network; every stage writes under $OUT.
+#   run.sh stage                  parts in /tmp/stage -> wheels in /tmp/site, TE built, the pinned
+#                                 Megatron-LM trees unpacked in /tmp/mlm/<name>
+#   run.sh pretrain [ITERS]       the tokenizer, the corpus and the pretrained checkpoint
+#   run.sh arm NAME ARM K STEPS [launch.py options]   one GRPO run of train_rl.py (see launch.py)
+# Environment: TREE (a pinned tree's name, default main), SEED (1), OUT.
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+REPO="$(cd "$HERE/../.." && pwd)"
+OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
+TREE="${TREE:-main}"; SEED="${SEED:-1}"
+LOG="$OUT/log.txt"
+say() { echo ">> $(date +%T) $*" | tee -a "$LOG"; }
+
+site_env() {
+    export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$REPO"
+    export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
+    export CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONUNBUFFERED=1 NO_PROXY='*' no_proxy='*'
+    unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY
+}
+
+stage() {
+    cat /tmp/stage/p0? > /tmp/bundle.tar
+    [ "$(sha256sum /tmp/bundle.tar | cut -d' ' -f1)" = "$(cat /tmp/stage/SHA256)" ] \
+        || { say "bundle sha256 mismatch"; return 1; }
+    rm -rf /tmp/b && mkdir -p /tmp/b /tmp/mlm && tar -xf /tmp/bundle.tar -C /tmp/b && rm /tmp/bundle.tar
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+        /tmp/b/te/*.whl /tmp/b/fa/*.whl /tmp/b/rl/*.whl 2>&1 | tail -3 | tee -a "$LOG"
+    (cd /tmp/b && tar -xzf te/transformer_engine_torch-*.tar.gz && cd transformer_engine_torch-* \
+        && PYTHONPATH=/tmp/site NVTE_PYTORCH_FORCE_BUILD=TRUE NVTE_WITH_NCCL_EP=0 MAX_JOBS=16 \
+           python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/b/tew . \
+           >>"$LOG" 2>&1) || { say "TE build failed"; return 1; }
+    (cd /tmp/site && python3 -m zipfile -e /tmp/b/tew/*.whl .)
+    for f in /tmp/b/mlm_*.tar.xz; do
+        n="$(basename "$f" .tar.xz)"; n="${n#mlm_}"; [ "${#n}" = 40 ] && n=main
+        mkdir -p "/tmp/mlm/$n" && tar -xJf "$f" -C "/tmp/mlm/$n" --strip-components=1
+    done
+    site_env
+    python3 -c "import transformer_engine.pytorch, flash_attn.cute, zmq, quart, openai, wandb; print('imports ok')" 2>&1 | tail -2 | tee -a "$LOG"
+}
+
+model_args() {
+    echo --num-layers 12 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 4096 \
+        --seq-length 256 --max-position-embeddings 256 --position-embedding-type rope \
+        --mtp-num-layers "${MTP_LAYERS:-2}" --transformer-impl transformer_engine --bf16 \
+        --attention-backend auto --no-gradient-accumulation-fusion \
+        --tokenizer-type HuggingFaceTokenizer --tokenizer-model /tmp/tok --seed "$SEED"
+}
+
+pretrain() {
+    site_env
+    local iters="${1:-600}"
+    python3 "$HERE/tokenizer.py" /tmp/tok >>"$LOG" 2>&1
+    mkdir -p /tmp/corpus
+    (cd "$HERE" && PYTHONPATH="/tmp/mlm/$TREE:$PYTHONPATH" python3 corpus.py /tmp/tok /tmp/corpus/c \
+        --documents 150000 --seed "$SEED") 2>&1 | tail -1 | tee -a "$LOG"
+    say "pretrain $iters iterations"
+    (cd "/tmp/mlm/$TREE" && timeout -k 10 420 torchrun --nproc-per-node 1 --master-port 29400 \
+        pretrain_gpt.py $(model_args) --micro-batch-size 32 --global-batch-size 64 \
+        --train-iters "$iters" --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine \
+        --lr-warmup-iters 50 --weight-decay 0.01 --clip-grad 1.0 \
+        --data-path /tmp/corpus/c --split 100,0,0 --eval-iters 0 --eval-interval 100000 \
+        --save /tmp/ckpt --save-interval "$iters" --log-interval 50) >>"$LOG" 2>&1
+    say "pretrain rc=$? $(grep -o 'lm loss: [0-9.E+-]*' "$LOG" | tail -1)"
+}
+
+arm() {
+    site_env
+    local name="$1" arm="$2" k="$3" iters="$4"; shift 4
+    cat > /tmp/env.yaml <<YAML
+- agent_type: MTPCopyShiftAgent
+  agent_args: {seed: $SEED}
+  weight: 1.0
+YAML
+    say "arm $name: $arm k=$k $iters steps $*"
+    timeout -k 10 "${ARM_TIMEOUT:-300}" torchrun --nproc-per-node 1 --master-port 29410 \
+        "$HERE/launch.py" --megatron-lm "/tmp/mlm/$TREE" --arm "$arm" --record "$OUT/$name.jsonl" "$@" -- \
+        $(model_args) --perform-rl-step --langrl-env-config /tmp/env.yaml \
+        --grpo-group-size 8 --grpo-prompts-per-step 8 --grpo-iterations 1 \
+        --grpo-clamp-eps-lower 0.2 --grpo-clamp-eps-upper 0.2 \
+        --micro-batch-size 1 --global-batch-size 64 --train-iters "$iters" \
+        --lr 1e-5 --lr-decay-style constant --weight-decay 0.0 --clip-grad 1.0 \
+        $( [ -n "${LOAD-/tmp/ckpt}" ] && echo --load "${LOAD-/tmp/ckpt}" --finetune --no-load-optim --no-load-rng ) \
+        --inference-max-seq-length 256 --inference-dynamic-batching-buffer-size-gb 2 \
+        --inference-dynamic-batching-sampling-backend torch --num-speculative-tokens "$k" \
+        --eval-iters 0 --eval-interval 100000 --log-interval 1 --timing-log-level 1 \
+        ${EXTRA:-} >>"$OUT/$name.log" 2>&1
+    local rc=$?
+    pkill -9 -f "multiprocessing|hypercorn|launch.py" 2>/dev/null; sleep 1
+    say "arm $name rc=$rc steps=$(grep -c '"rollout_s"' "$OUT/$name.jsonl" 2>/dev/null)"
+    tail -5 "$OUT/$name.log" | cut -c1-300 >> "$LOG"
+}
+
+"$@"

@@ -1,0 +1,266 @@
+"""The Megatron-LM GRPO benchmark's own parts (benchmarks/megatron_rl/), checked on the CPU:
+the task and its reward, the tokenizer, the corpus, the pin check, the launcher's response mask
+and arms, and the step recorder on a real model. Megatron-LM's RL code itself is not on the
+package index; the agent's test runs where ``MEGATRON_LM`` names a checkout of it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import mtp_hooks
+
+from model_fixtures import has_detach_field
+
+HERE = Path(__file__).resolve().parents[2] / "benchmarks" / "megatron_rl"
+
+
+@pytest.fixture(autouse=True)
+def benchmark_path():
+    sys.path.insert(0, str(HERE))
+    yield
+    sys.path.remove(str(HERE))
+    for name in ("task", "tokenizer", "corpus", "pin", "launch", "steps", "agent"):
+        sys.modules.pop(name, None)
+
+
+def test_prompts_are_fixed_by_seed_and_index_and_differ_between_seeds():
+    import task
+
+    assert task.problem(1, 7) == task.problem(1, 7)
+    assert task.problem(1, 7) != task.problem(2, 7) and task.problem(1, 7) != task.problem(1, 8)
+    example = task.problem(3, 0)
+    assert example.prompt.startswith("copy ") and example.prompt.endswith(" =")
+    assert task.SHORTEST <= len(example.numbers) <= task.LONGEST
+    assert isinstance(example.problem_id, str)  # megatron's rollout records want a string
+
+
+def test_the_reward_pays_for_each_number_moved_up_and_charges_for_missing_or_extra_ones():
+    import task
+
+    example = task.problem(1, 0)
+    target = " ".join(map(str, example.target))
+    kept = " ".join(map(str, example.numbers))
+    assert task.reward(target + " <eos>", example.target) == 1.0
+    assert task.reward(target + " <eos> 5 5", example.target) == 1.0  # after the end: ignored
+    assert task.reward(kept, example.target) == 0.0
+    assert task.reward("", example.target) == 0.0
+    assert task.reward(target + " 1 2", example.target) == len(example.target) / (
+        len(example.target) + 2
+    )
+    half = example.target[: len(example.target) // 2]
+    assert task.reward(" ".join(map(str, half)), example.target) == len(half) / len(example.target)
+    assert task.reward("copy = x", example.target) == 0.0
+
+
+def test_pretraining_answers_move_each_number_up_with_the_given_probability():
+    import task
+
+    rng = random.Random(0)
+    moved = total = 0
+    for _ in range(400):
+        words = task.pretraining_document(rng, 0.3).split()
+        cut = words.index(task.SEPARATOR)
+        prompt, answer = [int(w) for w in words[1:cut]], [int(w) for w in words[cut + 1 :]]
+        assert len(prompt) == len(answer)
+        assert all(a in (p, (p + 1) % task.NUMBERS) for p, a in zip(prompt, answer, strict=True))
+        moved += sum(a != p for p, a in zip(prompt, answer, strict=True))
+        total += len(prompt)
+    assert 0.27 < moved / total < 0.33
+    with pytest.raises(ValueError, match="probability"):
+        task.pretraining_document(rng, 1.5)
+
+
+def test_the_tokenizer_has_one_token_per_word_pads_with_1_and_ends_with_3(tmp_path):
+    pytest.importorskip("tokenizers")
+    import task
+    import tokenizer
+    from tokenizers import Tokenizer
+
+    loaded = Tokenizer.from_file(str(Path(tokenizer.write(str(tmp_path))) / "tokenizer.json"))
+    vocabulary = task.vocabulary()
+    assert [loaded.token_to_id(w) for w in vocabulary] == list(range(len(vocabulary)))
+    assert loaded.token_to_id(task.PAD) == 1 and loaded.token_to_id(task.EOS) == 3
+    text = task.problem(1, 0).prompt
+    ids = loaded.encode(text).ids
+    assert len(ids) == len(text.split()) and loaded.decode(ids) == text
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert config["pad_token"] == task.PAD and config["eos_token"] == task.EOS
+
+
+def test_the_corpus_is_megatrons_indexed_format_with_an_end_token_after_each_document(tmp_path):
+    pytest.importorskip("tokenizers")
+    import corpus
+    import tokenizer
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    tokenizer.write(str(tmp_path))
+    written = corpus.write(str(tmp_path), str(tmp_path / "c"), 50, 0.3, seed=1)
+    documents = IndexedDataset(str(tmp_path / "c"))
+    assert len(documents) == 50 and sum(len(d) for d in documents) == written
+    assert all(d[-1] == 3 and 3 not in d[:-1] and d[0] == 4 for d in documents)  # copy ... eos
+
+
+def test_the_pin_check_refuses_a_tree_that_differs_by_one_byte(tmp_path, monkeypatch):
+    import pin
+
+    tree = tmp_path / "mlm"
+    (tree / "megatron").mkdir(parents=True)
+    (tree / "train_rl.py").write_text("print('rl')\n")
+    (tree / "megatron" / "__init__.py").write_text("")
+    digest = pin.tree_digest(str(tree))
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps({"trees": [{"name": "t", "commit": "c", "digest": digest}]}))
+    monkeypatch.setattr(pin, "PINS", str(pins))
+    assert pin.check(str(tree))["name"] == "t"
+    (tree / "megatron" / "__pycache__").mkdir()  # what importing and building leave behind
+    (tree / "megatron" / "__pycache__" / "x.pyc").write_bytes(b"\0")
+    (tree / "megatron" / "helpers.so").write_bytes(b"\0")
+    assert pin.tree_digest(str(tree)) == digest
+    (tree / "train_rl.py").write_text("print('rl!')\n")
+    with pytest.raises(SystemExit, match="is not pinned"):
+        pin.check(str(tree))
+
+
+def test_the_pinned_trees_name_a_commit_and_a_digest_each():
+    import pin
+
+    trees = pin.pinned()
+    assert trees and all(len(t["commit"]) == 40 and len(t["digest"]) == 64 for t in trees)
+
+
+def test_the_response_mask_marks_exactly_the_labels_that_are_response_tokens(tmp_path):
+    import launch
+    import task
+
+    words = task.vocabulary()
+    example = task.problem(2, 0)
+    text = f"{task.BOS} {example.prompt} " + " ".join(map(str, example.target)) + f" {task.EOS}"
+    ids = [words.index(w) for w in text.split()]
+    ids += [words.index(task.PAD)] * 5
+    input_ids = torch.tensor([ids])
+    separator, end = words.index(task.SEPARATOR), words.index(task.EOS)
+    mask = launch.response_mask(input_ids, separator, end)[0]
+    labels = ids[1:] + [ids[0]]  # megatron's derived labels: the next token
+    first_answer = ids.index(separator) + 1
+    response = {first_answer - 1 + i for i in range(len(example.target) + 1)}  # and the end
+    assert {i for i, m in enumerate(mask.tolist()) if m} == response
+    assert [labels[i] for i in sorted(response)][-1] == end
+    with pytest.raises(ValueError, match="without --rl-use-sequence-packing"):
+        launch.response_mask(torch.tensor([ids + ids]), separator, end)
+
+
+def test_the_launcher_splits_its_own_options_from_train_rls():
+    import launch
+
+    own, rest = launch.parse(["--megatron-lm", "d", "--arm", "A", "--record", "r", "--", "--x"])
+    assert (own.megatron_lm, own.arm, own.record, own.no_mask, rest) == (
+        "d",
+        "A",
+        "r",
+        False,
+        ["--x"],
+    )
+
+
+def test_arm_a_registers_its_controller_at_the_first_rollouts_and_skips_mtp_once_good(tmp_path):
+    pytest.importorskip("tokenizers")
+    import launch
+    import tokenizer
+
+    if not has_detach_field():
+        pytest.skip("the arms clip MTP apart, which needs megatron-core 0.19's grad-norm groups")
+    directory = tokenizer.write(str(tmp_path))
+    own, rest = launch.parse(["--megatron-lm", "d", "--arm", "A", "--record", "r", "--"])
+    try:
+        callbacks = launch.set_up_mtp_hooks(own, ["--tokenizer-model", directory])
+    finally:
+        mtp_hooks.auto_attach(False)
+    names = {info.name for info in mtp_hooks.plugins.list_plugins()}
+    assert "response-only" in names and "acceptance-controller" not in names
+    assert mtp_hooks.decide(None, "train").run  # before any figures: train the drafter
+    good = {"proposed": [100, 100], "accepted": [90, 80], "accepted_length": 1.7}
+    callbacks["on_rollouts"](good)  # the target is 0.95 x this first step's 1.7
+    assert not mtp_hooks.decide(None, "train").run
+    callbacks["on_rollouts"]({"proposed": [100, 100], "accepted": [50, 20], "accepted_length": 0.7})
+    assert mtp_hooks.decide(None, "train").run
+    assert not mtp_hooks.decide(None, "eval").run  # the log-prob passes
+
+
+def test_the_recorder_tells_a_grpo_steps_phases_apart_on_a_real_model(build, batch, tmp_path):
+    import steps
+
+    try:
+        from megatron.core.inference.utils import InferenceMode
+    except ImportError:
+        pytest.skip("InferenceMode exists from megatron-core 0.18")
+    record = tmp_path / "steps.jsonl"
+    model = build()
+    recorder = steps.StepRecorder(str(record))
+    steps.install(recorder)
+    for _ in range(2):  # two GRPO steps
+        model.eval()
+        with torch.no_grad(), InferenceMode.active():
+            for _ in range(3):  # the engine's forwards (the first call only finds the model)
+                try:
+                    model(*batch.args(), runtime_gather_output=True)
+                except Exception:  # a CPU inference pass may fail later; the hook ran first
+                    pass
+        steps.note_rollout(0.5, 10)
+        model.train()
+        with torch.no_grad():
+            for _ in range(4):  # old and reference log-probs
+                model(*batch.args(), labels=batch.labels)
+        for _ in range(2):  # the policy-loss microbatches
+            model(*batch.args(), labels=batch.labels).sum().backward()
+    model.eval()
+    with torch.no_grad(), InferenceMode.active():
+        try:
+            model(*batch.args(), runtime_gather_output=True)  # the next step's rollouts begin
+        except Exception:
+            pass
+    recorder.hook.remove()
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    records = [r for r in lines if "rollout_s" in r]
+    trains = [r for r in lines if "train_s" in r]
+    assert [r["step"] for r in records] == [1, 2] and [r["step"] for r in trains] == [1, 2]
+    assert all(r["logprob_forwards"] == 4 and r["rollouts"] == 1 for r in records)
+    assert records[0]["reward"] == 0.5 and records[0]["output_tokens"] == 10
+    assert all(r["mtp_trained"] for r in records)  # megatron's default with MTP layers
+    assert all(r["rollout_s"] > 0 for r in records) and all(t["train_s"] > 0 for t in trains)
+
+
+def test_engine_counter_differences_give_the_chained_acceptance_of_one_step():
+    import steps
+
+    before = {"proposed": [10, 10], "accepted": [6, 3], "verify_steps": 10}
+    now = {"proposed": [30, 30], "accepted": [21, 13], "verify_steps": 30}
+    spec = steps.difference(now, before)
+    assert spec["proposed"] == [20, 20] and spec["accepted"] == [15, 10]
+    assert spec["chain_acceptance"] == [0.75, 0.5] and spec["accepted_length"] == 1.25
+    assert steps.difference(None, before)["accepted_length"] is None
+    assert steps.difference(now, None)["verify_steps"] == 30
+
+
+@pytest.mark.skipif("MEGATRON_LM" not in os.environ, reason="needs a Megatron-LM checkout")
+def test_the_agent_draws_the_same_prompts_in_order_and_rewards_the_shift():
+    sys.path.insert(0, os.environ["MEGATRON_LM"])
+    try:
+        import agent
+        import task
+    finally:
+        sys.path.remove(os.environ["MEGATRON_LM"])
+    one, two = agent.CopyShiftAgent(seed=4), agent.CopyShiftAgent(seed=4)
+    first = [asyncio.run(one.get_prompt()) for _ in range(3)]
+    assert first == [asyncio.run(two.get_prompt()) for _ in range(3)]
+    assert first[0][0] == task.problem(4, 0).prompt and first[1][0] == task.problem(4, 1).prompt
+    prompt, golden = first[0]
+    right = " ".join(map(str, golden["target"])) + " <eos>"
+    assert asyncio.run(one.get_reward(right, golden, "stop")) == 1.0
