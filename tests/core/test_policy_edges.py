@@ -216,3 +216,11 @@ def test_an_ignore_index_beyond_int64_in_toml_is_refused_when_the_file_is_read(t
     )
     with pytest.raises(mtp_hooks.MTPHooksError, match="does not fit the labels' int64"):
         load_policy_file(path)
+
+
+def test_a_refused_ignore_index_leaves_the_policy_as_it_was():
+    mtp_hooks.configure("train=skip")
+    with pytest.raises(mtp_hooks.PolicyError, match="does not fit"):
+        mtp_hooks.configure({"train": {"mtp": "run", "mask": "labels", "ignore_index": 2**64}})
+    decision = mtp_hooks.decide(None, "train")
+    assert not decision.run and decision.mask is None

@@ -80,6 +80,10 @@ def test_a_rate_outside_percent_is_refused():
         (10, [True], r"accepted_per_position\[0\] must be an int"),
         (10, [2.5], r"accepted_per_position\[0\] must be an int"),
         ([10], [1, 1], "1 draft counts for 2 positions"),
+        (10, [], "no draft positions"),
+        ([], [], "no draft positions"),
+        (10, "12", "must be a sequence of counts"),
+        ("10", [1], "drafts must be an int or a sequence"),
     ],
 )
 def test_counts_that_cannot_come_from_an_engine_are_refused(drafts, accepted, message):
@@ -165,3 +169,15 @@ def test_the_same_figures_always_give_the_same_answer():
 def test_bad_figures_are_refused_with_the_culprit_named(acceptance, step_cost, message):
     with pytest.raises(PolicyError, match=message):
         recommend_num_speculative_tokens(acceptance, step_cost=step_cost)
+
+
+def test_megatron_rates_that_rise_with_the_position_are_refused_before_rounding_hides_it():
+    rising = {
+        "inference/spec_decode_acceptance_rate_pos1": 50.0,
+        "inference/spec_decode_acceptance_rate_pos2": 50.4,
+        "inference/spec_decode_tokens_proposed": 200,  # 100 drafts: both round to 50
+    }
+    with pytest.raises(PolicyError, match="pos2 .* is above pos1"):
+        acceptance_from_megatron(rising)
+    with pytest.raises(PolicyError, match="metrics are a dict, not list"):
+        acceptance_from_megatron([("spec_decode_acceptance_rate_pos1", 50.0)])
