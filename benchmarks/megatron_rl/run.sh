@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The megatron_rl benchmark on one GPU machine without a network; every stage writes under $OUT.
-#   run.sh stage                  parts in /tmp/stage -> wheels in /tmp/site, TE built, the pinned
-#                                 Megatron-LM trees unpacked in /tmp/mlm/<name>
+#   run.sh stage                  parts in /tmp/stage (made by bundle.sh) -> wheels in /tmp/site,
+#                                 TE built, the pinned Megatron-LM trees in /tmp/mlm/<name>
 #   run.sh pretrain [ITERS]       the tokenizer, the corpus and the pretrained checkpoint
 #   run.sh arm NAME ARM K STEPS [launch.py options]   one GRPO run of train_rl.py (see launch.py)
 # Environment: TREE (a pinned tree's name, default main), SEED (1), OUT.
