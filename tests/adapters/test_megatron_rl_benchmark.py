@@ -27,7 +27,7 @@ def benchmark_path():
     sys.path.insert(0, str(HERE))
     yield
     sys.path.remove(str(HERE))
-    for name in ("task", "tokenizer", "corpus", "pin", "launch", "steps", "agent"):
+    for name in ("task", "tokenizer", "corpus", "pin", "launch", "steps", "agent", "report"):
         sys.modules.pop(name, None)
 
 
@@ -264,3 +264,36 @@ def test_the_agent_draws_the_same_prompts_in_order_and_rewards_the_shift():
     prompt, golden = first[0]
     right = " ".join(map(str, golden["target"])) + " <eos>"
     assert asyncio.run(one.get_reward(right, golden, "stop")) == 1.0
+
+
+def test_the_report_joins_each_steps_lines_and_takes_medians_after_the_first_step(tmp_path):
+    pytest.importorskip("matplotlib")
+    import report
+
+    def arm(name: str, arm: str, lengths: list[float | None]) -> str:
+        path = tmp_path / f"{name}.jsonl"
+        lines = [{"arm": arm, "policy": None, "mask": True, "megatron_lm": {}, "argv": []}]
+        for step, length in enumerate(lengths, 1):
+            spec = {"accepted_length": length}
+            lines.append({"step": step, "rollout_s": 10.0 * step, "old_logprob_s": 1.0,
+                          "ref_logprob_s": 2.0, "reward": 0.1 * step, "tokens_per_s": 100.0,
+                          "spec": spec, "mtp_trained": step % 2 == 1})  # fmt: skip
+            lines.append({"step": step, "train_s": 3.0})
+        path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+        return str(path)
+
+    out = tmp_path / "report"
+    summaries = report.main(
+        [arm("H_k2", "H", [1.5, 1.6, 1.7]), arm("S_k2", "S", [1.5, 1.0, None]), "--out", str(out)]
+    )
+    h = summaries["H_k2"]
+    assert h["steps"] == h["complete_steps"] == 3 and h["mtp_trained_steps"] == 2
+    assert h["median_rollout_s"] == 25.0  # steps 2 and 3 only
+    assert h["median_step_s"] == 31.0 and h["accepted_length"] == [1.5, 1.6, 1.7]
+    assert summaries["S_k2"]["accepted_length"][-1] is None
+    assert (out / "megatron_rl.png").stat().st_size > 0
+    assert json.loads((out / "summary.json").read_text()) == summaries
+    headless = tmp_path / "headless.jsonl"
+    headless.write_text(json.dumps({"step": 1, "train_s": 3.0}) + "\n")
+    with pytest.raises(SystemExit, match="no header line naming the arm"):
+        report.load(str(headless))
