@@ -91,24 +91,22 @@ def acceptance_from_counts(
         proposed = [_count(d, f"{where}: drafts[{k}]") for k, d in enumerate(drafts)]
         if len(proposed) != len(accepted):
             raise PolicyError(
-                f"acceptance_from_counts: {len(proposed)} draft counts for "
+                f"{where}: {len(proposed)} draft counts for "
                 f"{len(accepted)} positions; give one per position, or one int for all"
             )
     else:
-        proposed = [_count(drafts, "acceptance_from_counts: drafts")] * len(accepted)
+        proposed = [_count(drafts, f"{where}: drafts")] * len(accepted)
     for k, (a, d) in enumerate(zip(accepted, proposed, strict=True)):
         if a > d:
-            raise PolicyError(
-                f"acceptance_from_counts: position {k + 1} accepted {a} of {d} drafts"
-            )
+            raise PolicyError(f"{where}: position {k + 1} accepted {a} of {d} drafts")
         if k and a > accepted[k - 1]:
             raise PolicyError(
-                f"acceptance_from_counts: position {k + 1} accepted {a}, more than position "
+                f"{where}: position {k + 1} accepted {a}, more than position "
                 f"{k} ({accepted[k - 1]}); give chained counts (a draft counts only when the "
                 "drafts before it were accepted too)"
             )
     chain = tuple(a / d if d else 0.0 for a, d in zip(accepted, proposed, strict=True))
-    checked = [proposed[0] if proposed else 0, *accepted[:-1]]
+    checked = [proposed[0], *accepted[:-1]]  # positions exist: refused above otherwise
     acceptance = tuple(a / c if c else 0.0 for a, c in zip(accepted, checked, strict=True))
     return MTPMetrics(
         loss=(),

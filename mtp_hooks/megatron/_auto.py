@@ -31,8 +31,8 @@ from . import _attach, _capabilities, _freezing
 def enable(enabled: bool = True, *, clip_mtp_apart: bool = False) -> None:
     """Start (or with ``False`` stop) watching for new models; see ``mtp_hooks.auto_attach``."""
     auto = _runtime.current.auto
-    if clip_mtp_apart and enabled and _capabilities.mtp_grad_norm_group() is None:
-        _freezing.clip_mtp_apart_parameters([], [])  # raises, naming the fix, changing nothing
+    if clip_mtp_apart and enabled:
+        _freezing.mtp_grad_norm_group()  # refused here, changing nothing, where there is none
     auto.clip_mtp_apart = bool(clip_mtp_apart and enabled)
     if enabled and auto.registration is None:
         register = torch.nn.modules.module.register_module_module_registration_hook

@@ -62,6 +62,24 @@ def freeze_trunk_parameters(
     return _freeze("freeze_trunk", "the trunk", params, routers, wrapped)
 
 
+def mtp_grad_norm_group() -> str:
+    """The gradient-norm group megatron's optimizer clips MTP weights in.
+
+    Raises:
+        UnsupportedModelError: This megatron-core's optimizer has no separate groups.
+    """
+    group = _capabilities.mtp_grad_norm_group()
+    if group is None:
+        raise UnsupportedModelError(
+            "mtp_hooks.clip_mtp_apart: this megatron-core's optimizer has no separate "
+            "gradient-norm groups (megatron.core.optimizer.optimizer.SEPARATE_GRAD_NORM_GROUPS "
+            "came in megatron-core 0.19), so it always clips MTP's gradients together with the "
+            "trunk's. Upgrade megatron-core, or clip the trunk's and MTP's gradients apart in "
+            "your own optimizer step."
+        )
+    return group
+
+
 def clip_mtp_apart_parameters(
     models: list[torch.nn.Module],
     wrappers: list[torch.nn.Module],
@@ -75,15 +93,7 @@ def clip_mtp_apart_parameters(
     tags), and where a parameter already belongs to another group. ``blocks`` are MTP blocks
     given directly (auto-attach tags a block as it is assigned, before ``model.mtp`` exists).
     """
-    group = _capabilities.mtp_grad_norm_group()
-    if group is None:
-        raise UnsupportedModelError(
-            "mtp_hooks.clip_mtp_apart: this megatron-core's optimizer has no separate "
-            "gradient-norm groups (megatron.core.optimizer.optimizer.SEPARATE_GRAD_NORM_GROUPS "
-            "came in megatron-core 0.19), so it always clips MTP's gradients together with the "
-            "trunk's. Upgrade megatron-core, or clip the trunk's and MTP's gradients apart in "
-            "your own optimizer step."
-        )
+    group = mtp_grad_norm_group()
     params = [
         (f"mtp.{n}", p) for m in models if has_mtp(m) for n, p in _block(m).named_parameters()
     ] + [(f"mtp.{n}", p) for block in blocks for n, p in block.named_parameters()]
