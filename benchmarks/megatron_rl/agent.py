@@ -1,16 +1,24 @@
 """The task as a Megatron-LM RL environment: a ``RewardOnlyAgent`` with procedural prompts.
 
 Megatron-LM builds its agents from an allowlist (``megatron/rl/agent/registry.py``); the
-launcher adds this class there as ``MTPCopyShiftAgent`` before it runs ``train_rl.py``. The
+launcher adds this class there as ``MTPCountAgent`` before it runs ``train_rl.py``. The
 environment config then names it::
 
-    - agent_type: MTPCopyShiftAgent
+    - agent_type: MTPCountAgent
       agent_args: {seed: 1}
       weight: 1.0
 
 Prompts come in a fixed order from ``seed`` (the n-th call gets :func:`task.problem` ``(seed,
 n)``), so every arm of the benchmark sees the same prompts in the same order. Each reward is
 also handed to :mod:`steps`, which files it under the step it belongs to.
+
+**Cut at the first end token.** megatron-core's engine (0.19.0, and Megatron-LM main at the
+pinned commit) ends a request only when the token it samples is the end token; an end token
+among the *accepted draft tokens* does not end it, and the tokens sampled after it are kept.
+``train_rl.py`` then stops on its own check, "Only one eod per trajectory in generated tokens".
+The agent therefore cuts each trajectory after its first generated end token (and its
+log-probs with it), which is what the engine returns when it ends the request there, and
+reports the tokens it cut to :mod:`steps`, so every run says how often it happened.
 """
 
 from __future__ import annotations
@@ -20,24 +28,43 @@ from typing import Any
 import steps
 from megatron.rl.agent.reward_only_agent import RewardOnlyAgent
 from pydantic import PrivateAttr
-from task import LONGEST, answer_numbers, problem, reward
+from task import ANSWER_LENGTH, EOS, answer_numbers, problem, reward, vocabulary
 
-# The longest answer is LONGEST numbers and the end token; a few more tokens let a wrong answer
+# An answer is ANSWER_LENGTH numbers and the end token; a few more tokens let a wrong answer
 # run long (and cost reward) without ever filling the engine's sequence length.
-MAX_TOKENS = LONGEST + 8
+MAX_TOKENS = ANSWER_LENGTH + 8
+END = vocabulary().index(EOS)  # the tokenizer's ids are the vocabulary's order
 
 
-class CopyShiftAgent(RewardOnlyAgent):
-    """Copy a list of numbers; the reward pays for every number moved one up."""
+def cut_after_end(tokens: list[int], generated: list[bool], logprobs: list[float] | None) -> int:
+    """Cuts ``tokens``, ``generated`` and ``logprobs`` (one per generated token), in place,
+    after the first generated end token; returns how many tokens it removed."""
+    ends = [
+        i
+        for i, (token, new) in enumerate(zip(tokens, generated, strict=True))
+        if new and token == END
+    ]
+    if not ends:
+        return 0
+    keep = ends[0] + 1
+    removed = len(tokens) - keep
+    del tokens[keep:], generated[keep:]
+    if logprobs is not None and removed:
+        del logprobs[len(logprobs) - removed :]
+    return removed
 
-    env_id: str = "copy_shift"
+
+class CountAgent(RewardOnlyAgent):
+    """Count on from a history of numbers; the reward pays for every step of two."""
+
+    env_id: str = "count_by_two"
     seed: int = 1
     _drawn: int = PrivateAttr(0)
 
     def _golden(self, index: int, validation: bool) -> tuple[str, dict[str, Any]]:
         # Validation prompts come from their own stream, so evaluation never moves training's.
         example = problem(self.seed + (10**6 if validation else 0), index)
-        return example.prompt, {"problem_id": example.problem_id, "target": list(example.target)}
+        return example.prompt, {"problem_id": example.problem_id, "last": example.last}
 
     async def get_prompt(self, validation: bool = False) -> tuple[str, dict[str, Any]]:
         index, self._drawn = self._drawn, self._drawn + 1
@@ -58,6 +85,18 @@ class CopyShiftAgent(RewardOnlyAgent):
         return await super()._run_episode(request, **kwargs)
 
     async def get_reward(self, response: str, golden: dict[str, Any], finish_reason: str) -> float:
-        value = reward(response, golden["target"])
-        steps.note_rollout(value, len(answer_numbers(response)) + 1)
-        return value
+        return reward(response, golden["last"])
+
+    async def _rollout_from_episode(self, request: Any, episode: Any, golden: Any) -> Any:
+        rollout = await super()._rollout_from_episode(request, episode, golden)
+        cut = kept = 0
+        if isinstance(rollout.reward, float) and rollout.generation_mask is not None:
+            for turn, tokens in enumerate(rollout.trajectory):
+                logprobs = rollout.logprobs[turn] if rollout.logprobs is not None else None
+                generated = rollout.generation_mask[turn]
+                cut += cut_after_end(tokens, generated, logprobs)
+                kept += sum(generated)
+        else:  # text rollouts: the reward's own reading of the response
+            kept = len(answer_numbers(episode.responses[-1].response.content)) + 1
+        steps.note_rollout(float(rollout.reward), kept, cut)
+        return rollout

@@ -45,7 +45,7 @@ sys.path.insert(0, HERE)
 import pin  # noqa: E402
 import steps  # noqa: E402
 
-AGENT = ("MTPCopyShiftAgent", "agent:CopyShiftAgent")
+AGENT = ("MTPCountAgent", "agent:CountAgent")
 POLICIES = {
     "M": None,
     "S": "train=skip,eval=skip",

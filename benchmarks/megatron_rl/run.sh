@@ -4,12 +4,13 @@
 #                                 TE built, the pinned Megatron-LM trees in /tmp/mlm/<name>
 #   run.sh pretrain [ITERS]       the tokenizer, the corpus and the pretrained checkpoint
 #   run.sh arm NAME ARM K STEPS [launch.py options]   one GRPO run of train_rl.py (see launch.py)
-# Environment: TREE (a pinned tree's name, default main), SEED (1), OUT.
+# Environment: TREE (a pinned tree's name, default core_v0.19.0: main's engine asserted with
+# k=2, see docs/benchmarks.md), SEED (1), OUT.
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-TREE="${TREE:-main}"; SEED="${SEED:-1}"
+TREE="${TREE:-core_v0.19.0}"; SEED="${SEED:-1}"
 LOG="$OUT/log.txt"
 say() { echo ">> $(date +%T) $*" | tee -a "$LOG"; }
 
@@ -42,24 +43,25 @@ stage() {
 
 model_args() {
     echo --num-layers 12 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 4096 \
-        --seq-length 256 --max-position-embeddings 256 --position-embedding-type rope \
+        --seq-length 128 --max-position-embeddings 128 --position-embedding-type rope \
         --mtp-num-layers "${MTP_LAYERS:-2}" --transformer-impl transformer_engine --bf16 \
         --attention-backend auto --no-gradient-accumulation-fusion \
+        --attention-dropout 0 --hidden-dropout 0 \
         --tokenizer-type HuggingFaceTokenizer --tokenizer-model /tmp/tok --seed "$SEED"
 }
 
 pretrain() {
     site_env
-    local iters="${1:-600}"
+    local iters="${1:-400}"
     python3 "$HERE/tokenizer.py" /tmp/tok >>"$LOG" 2>&1
     mkdir -p /tmp/corpus
     (cd "$HERE" && PYTHONPATH="/tmp/mlm/$TREE:$PYTHONPATH" python3 corpus.py /tmp/tok /tmp/corpus/c \
-        --documents 150000 --seed "$SEED") 2>&1 | tail -1 | tee -a "$LOG"
+        --documents 60000 --seed "$SEED") 2>&1 | tail -1 | tee -a "$LOG"
     say "pretrain $iters iterations"
     (cd "/tmp/mlm/$TREE" && timeout -k 10 420 torchrun --nproc-per-node 1 --master-port 29400 \
-        pretrain_gpt.py $(model_args) --micro-batch-size 32 --global-batch-size 64 \
-        --train-iters "$iters" --lr 3e-4 --min-lr 3e-5 --lr-decay-style cosine \
-        --lr-warmup-iters 50 --weight-decay 0.01 --clip-grad 1.0 \
+        pretrain_gpt.py $(model_args) --micro-batch-size 64 --global-batch-size 64 \
+        --train-iters "$iters" --lr 5e-4 --min-lr 5e-5 --lr-decay-style cosine \
+        --lr-warmup-iters 40 --weight-decay 0.01 --clip-grad 1.0 \
         --data-path /tmp/corpus/c --split 100,0,0 --eval-iters 0 --eval-interval 100000 \
         --save /tmp/ckpt --save-interval "$iters" --log-interval 50) >>"$LOG" 2>&1
     say "pretrain rc=$? $(grep -o 'lm loss: [0-9.E+-]*' "$LOG" | tail -1)"
@@ -69,7 +71,7 @@ arm() {
     site_env
     local name="$1" arm="$2" k="$3" iters="$4"; shift 4
     cat > /tmp/env.yaml <<YAML
-- agent_type: MTPCopyShiftAgent
+- agent_type: MTPCountAgent
   agent_args: {seed: $SEED}
   weight: 1.0
 YAML
@@ -77,12 +79,12 @@ YAML
     timeout -k 10 "${ARM_TIMEOUT:-300}" torchrun --nproc-per-node 1 --master-port 29410 \
         "$HERE/launch.py" --megatron-lm "/tmp/mlm/$TREE" --arm "$arm" --record "$OUT/$name.jsonl" "$@" -- \
         $(model_args) --perform-rl-step --langrl-env-config /tmp/env.yaml \
-        --grpo-group-size 8 --grpo-prompts-per-step 8 --grpo-iterations 1 \
+        --grpo-group-size 8 --grpo-prompts-per-step 4 --grpo-iterations 1 \
         --grpo-clamp-eps-lower 0.2 --grpo-clamp-eps-upper 0.2 \
-        --micro-batch-size 1 --global-batch-size 64 --train-iters "$iters" \
-        --lr 1e-5 --lr-decay-style constant --weight-decay 0.0 --clip-grad 1.0 \
+        --micro-batch-size 1 --global-batch-size 32 --train-iters "$iters" \
+        --lr 5e-5 --lr-decay-style constant --weight-decay 0.0 --clip-grad 1.0 \
         $( [ -n "${LOAD-/tmp/ckpt}" ] && echo --load "${LOAD-/tmp/ckpt}" --finetune --no-load-optim --no-load-rng ) \
-        --inference-max-seq-length 256 --inference-dynamic-batching-buffer-size-gb 2 \
+        --inference-max-seq-length 128 --inference-dynamic-batching-buffer-size-gb 2 \
         --inference-dynamic-batching-sampling-backend torch --num-speculative-tokens "$k" \
         --eval-iters 0 --eval-interval 100000 --log-interval 1 --timing-log-level 1 \
         ${EXTRA:-} >>"$OUT/$name.log" 2>&1

@@ -13,6 +13,8 @@ for the GPU and notes the time, so each step gets:
 * the engine's speculation counters for that step's rollouts (the difference of its cumulative
   ``_spec_tokens_proposed_per_pos`` / ``_spec_tokens_accepted_per_pos`` / ``_spec_steps``);
 * the rewards and output tokens the agent reported (:func:`note_rollout`), and tokens/s;
+  ``cut_rollouts`` and ``cut_tokens``: the rollouts the agent cut after an accepted end token,
+  and the tokens it cut (:mod:`agent` says why);
 * ``mtp_trained``: what the run's ``trained_mtp()`` said at the step's first policy forward
   (megatron's default: whenever the model has MTP layers).
 
@@ -28,13 +30,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-_state: dict[str, Any] = {"rewards": [], "tokens": 0}
+_state: dict[str, Any] = {"rewards": [], "tokens": 0, "cut_tokens": 0, "cut_rollouts": 0}
 
 
-def note_rollout(reward: float, tokens: int) -> None:
-    """Called by the agent for each finished rollout: its reward and its output tokens."""
+def note_rollout(reward: float, tokens: int, cut: int = 0) -> None:
+    """Called by the agent for each finished rollout: its reward, its output tokens, and the
+    tokens the agent cut after an accepted end token (see :mod:`agent`)."""
     _state["rewards"].append(float(reward))
     _state["tokens"] += int(tokens)
+    _state["cut_tokens"] += int(cut)
+    _state["cut_rollouts"] += int(cut > 0)
 
 
 def engine_counters() -> dict[str, Any] | None:
@@ -151,7 +156,8 @@ class StepRecorder:
         rollout_s = marks["logprob"] - marks["rollout"] if "rollout" in marks else None
         half = times[len(times) // 2] if len(times) > 1 else t
         rewards, tokens = _state["rewards"], _state["tokens"]
-        _state["rewards"], _state["tokens"] = [], 0
+        cut_tokens, cut_rollouts = _state["cut_tokens"], _state["cut_rollouts"]
+        _state.update(rewards=[], tokens=0, cut_tokens=0, cut_rollouts=0)
         return {
             "step": self.step,
             "rollout_s": rollout_s,
@@ -162,6 +168,8 @@ class StepRecorder:
             "reward": sum(rewards) / len(rewards) if rewards else None,
             "output_tokens": tokens,
             "tokens_per_s": tokens / rollout_s if rollout_s else None,
+            "cut_rollouts": cut_rollouts,
+            "cut_tokens": cut_tokens,
             "spec": marks.get("spec"),
             "mtp_trained": bool(self.trained_mtp(module)),
         }

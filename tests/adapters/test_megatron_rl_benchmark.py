@@ -37,43 +37,51 @@ def test_prompts_are_fixed_by_seed_and_index_and_differ_between_seeds():
     assert task.problem(1, 7) == task.problem(1, 7)
     assert task.problem(1, 7) != task.problem(2, 7) and task.problem(1, 7) != task.problem(1, 8)
     example = task.problem(3, 0)
-    assert example.prompt.startswith("copy ") and example.prompt.endswith(" =")
+    assert example.prompt.startswith("count ") and example.prompt.endswith(" =")
     assert task.SHORTEST <= len(example.numbers) <= task.LONGEST
+    pairs = zip(example.numbers, example.numbers[1:], strict=False)
+    steps = {(b - a) % task.NUMBERS for a, b in pairs}
+    assert steps <= {1, task.STEP}
     assert isinstance(example.problem_id, str)  # megatron's rollout records want a string
 
 
-def test_the_reward_pays_for_each_number_moved_up_and_charges_for_missing_or_extra_ones():
+def test_the_reward_pays_for_each_step_of_two_and_charges_for_missing_or_extra_numbers():
     import task
 
     example = task.problem(1, 0)
     target = " ".join(map(str, example.target))
-    kept = " ".join(map(str, example.numbers))
-    assert task.reward(target + " <eos>", example.target) == 1.0
-    assert task.reward(target + " <eos> 5 5", example.target) == 1.0  # after the end: ignored
-    assert task.reward(kept, example.target) == 0.0
-    assert task.reward("", example.target) == 0.0
-    assert task.reward(target + " 1 2", example.target) == len(example.target) / (
-        len(example.target) + 2
-    )
-    half = example.target[: len(example.target) // 2]
-    assert task.reward(" ".join(map(str, half)), example.target) == len(half) / len(example.target)
-    assert task.reward("copy = x", example.target) == 0.0
+    by_one = " ".join(str((example.last + i) % task.NUMBERS) for i in range(1, 33))
+    assert len(example.target) == task.ANSWER_LENGTH
+    assert task.reward(target + " <eos>", example.last) == 1.0
+    assert task.reward(target + " <eos> 5 5", example.last) == 1.0  # after the end: ignored
+    assert task.reward(by_one, example.last) == 0.0
+    assert task.reward("", example.last) == 0.0
+    assert task.reward(target + " 1 2", example.last) == 32 / 34  # 1 -> 2 is no step of two
+    half = example.target[:16]
+    assert task.reward(" ".join(map(str, half)), example.last) == 16 / 32
+    # each step counts on its own: one wrong number costs its own step and the next one
+    wrong = [*example.target[:5], -7, *example.target[6:]]
+    spoken = " ".join("x" if n == -7 else str(n) for n in wrong)
+    assert task.reward(spoken, example.last) == 30 / 32
+    assert task.reward("count = x", example.last) == 0.0
 
 
-def test_pretraining_answers_move_each_number_up_with_the_given_probability():
+def test_pretraining_steps_by_two_with_the_given_probability_in_prompt_and_answer():
     import task
 
     rng = random.Random(0)
-    moved = total = 0
+    twos = total = 0
     for _ in range(400):
         words = task.pretraining_document(rng, 0.3).split()
         cut = words.index(task.SEPARATOR)
-        prompt, answer = [int(w) for w in words[1:cut]], [int(w) for w in words[cut + 1 :]]
-        assert len(prompt) == len(answer)
-        assert all(a in (p, (p + 1) % task.NUMBERS) for p, a in zip(prompt, answer, strict=True))
-        moved += sum(a != p for p, a in zip(prompt, answer, strict=True))
-        total += len(prompt)
-    assert 0.27 < moved / total < 0.33
+        numbers = [int(w) for w in words[1:cut] + words[cut + 1 :]]
+        assert len(words) - cut - 1 == task.ANSWER_LENGTH
+        pairs = zip(numbers, numbers[1:], strict=False)
+        differences = [(b - a) % task.NUMBERS for a, b in pairs]
+        assert set(differences) <= {1, task.STEP}
+        twos += differences.count(task.STEP)
+        total += len(differences)
+    assert 0.27 < twos / total < 0.33
     with pytest.raises(ValueError, match="probability"):
         task.pretraining_document(rng, 1.5)
 
@@ -250,20 +258,62 @@ def test_engine_counter_differences_give_the_chained_acceptance_of_one_step():
 
 
 @pytest.mark.skipif("MEGATRON_LM" not in os.environ, reason="needs a Megatron-LM checkout")
-def test_the_agent_draws_the_same_prompts_in_order_and_rewards_the_shift():
+def test_the_agent_draws_the_same_prompts_in_order_and_rewards_steps_of_two():
     sys.path.insert(0, os.environ["MEGATRON_LM"])
     try:
         import agent
         import task
     finally:
         sys.path.remove(os.environ["MEGATRON_LM"])
-    one, two = agent.CopyShiftAgent(seed=4), agent.CopyShiftAgent(seed=4)
+    one, two = agent.CountAgent(seed=4), agent.CountAgent(seed=4)
     first = [asyncio.run(one.get_prompt()) for _ in range(3)]
     assert first == [asyncio.run(two.get_prompt()) for _ in range(3)]
     assert first[0][0] == task.problem(4, 0).prompt and first[1][0] == task.problem(4, 1).prompt
     prompt, golden = first[0]
-    right = " ".join(map(str, golden["target"])) + " <eos>"
+    right = " ".join(map(str, task.problem(4, 0).target)) + " <eos>"
     assert asyncio.run(one.get_reward(right, golden, "stop")) == 1.0
+
+
+@pytest.mark.skipif("MEGATRON_LM" not in os.environ, reason="needs a Megatron-LM checkout")
+def test_the_agent_cuts_a_rollout_after_its_first_generated_end_token_and_reports_the_cut():
+    sys.path.insert(0, os.environ["MEGATRON_LM"])
+    try:
+        import agent
+        import steps
+        from megatron.rl.agent.api import TokenRollout
+        from megatron.rl.agent.reward_only_agent import RewardOnlyAgent
+    finally:
+        sys.path.remove(os.environ["MEGATRON_LM"])
+    end = agent.END
+    prompt = [2, 4, 10, 11, 5]  # <bos> count 6 7 =
+    generated = [12, end, 14, 16, end]  # an accepted draft end token, then two more and an end
+    rollout = TokenRollout(
+        trajectory=[prompt + generated],
+        reward=0.5,
+        logprobs=[[-0.1, -0.2, -0.3, -0.4, -0.5]],
+        generation_mask=[[False] * 5 + [True] * 5],
+        policy_epoch=[[(0, 0)]],
+        kv_cache_epoch=[[(0, 0)]],
+        num_evictions=[0],
+    )
+
+    class Megatrons(RewardOnlyAgent):  # the rollout megatron's agent would build
+        async def _rollout_from_episode(self, request, episode, golden):
+            return rollout
+
+    class Agent(agent.CountAgent, Megatrons):
+        pass
+
+    steps._state.update(rewards=[], tokens=0, cut_tokens=0, cut_rollouts=0)
+    result = asyncio.run(Agent(seed=4)._rollout_from_episode(None, None, {}))
+    assert result.trajectory == [prompt + [12, end]]
+    assert result.generation_mask == [[False] * 5 + [True] * 2]
+    assert result.logprobs == [[-0.1, -0.2]]
+    assert steps._state["cut_tokens"] == 3 and steps._state["cut_rollouts"] == 1
+    assert steps._state["tokens"] == 2 and steps._state["rewards"] == [0.5]
+    # an end token in the prompt is not a generated one, and a clean rollout is left alone
+    tokens, mask = [end, 4, 5, 12, end], [False, False, False, True, True]
+    assert agent.cut_after_end(tokens, mask, [-0.1, -0.2]) == 0 and len(tokens) == 5
 
 
 def test_the_report_joins_each_steps_lines_and_takes_medians_after_the_first_step(tmp_path):
