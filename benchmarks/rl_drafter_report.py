@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+from typing import Any
 
 DEPTH = 2
 
@@ -152,16 +153,34 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
     return out
 
 
+def baseline_ms(results: dict, arm: str) -> float | None:
+    """The train-step median of arm A of ``arm``'s own run: set by :func:`merge` for merged
+    runs; in a single run, A's median from ``results``; ``None`` where no A ran with it."""
+    data = results["arms"][arm]
+    if "baseline_ms" in data:
+        return data["baseline_ms"]
+    if "A" in results["arms"] and results.get("merged_from") is None:
+        return statistics.median(results["arms"]["A"]["train_step_ms"])
+    return None
+
+
 def mtp_cost(results: dict) -> dict[str, float]:
-    """Per arm, the mean train-step time over A's median: what training MTP cost per step."""
-    arms = results["arms"]
-    if "A" not in arms:
-        return {}
-    base = statistics.median(arms["A"]["train_step_ms"])
-    return {
-        a: statistics.fmean(arm["train_step_ms"]) - arm.get("baseline_ms", base)
-        for a, arm in arms.items()
-    }
+    """Per arm, the mean train-step time over its run's A median: what training MTP cost per
+    step. Arms whose run had no A are left out."""
+    costs = {}
+    for arm, data in results["arms"].items():
+        base = baseline_ms(results, arm)
+        if base is not None:
+            costs[arm] = statistics.fmean(data["train_step_ms"]) - base
+    return costs
+
+
+def arm_colours(results: dict) -> dict[str, tuple[float, ...]]:
+    """One colour per arm, the same in every panel (arms in sorted order on ``tab10``)."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10"]
+    return {arm: palette(i % 10) for i, arm in enumerate(sorted(results["arms"]))}
 
 
 def report(results: dict) -> str:
@@ -170,26 +189,31 @@ def report(results: dict) -> str:
         lines.append(f"| {goal} | {'-' if met is None else 'yes' if met else 'no'} | {numbers} |")
     lines += ["", "| arm | train step ms (median) | MTP-trained steps |", "|---|---|---|"]
     for arm, data in results["arms"].items():
+        base = baseline_ms(results, arm)
+        against = "no A in its run" if base is None else f"A of its run: {base:.2f}"
         lines.append(
             f"| {arm} `{data['policy']}` | {statistics.median(data['train_step_ms']):.2f} "
-            f"(A of its run: {data.get('baseline_ms', float('nan')):.2f}) | "
-            f"{data['mtp_trained_steps']} |"
+            f"({against}) | {data['mtp_trained_steps']} |"
         )
     return "\n".join(lines)
 
 
-def plot(results: dict, path: str) -> None:
+def plot(results: dict, path: str) -> Any:
+    """Draws the four panels to ``path`` and returns the figure; each arm keeps one colour
+    throughout (:func:`arm_colours`), and k=0 is the same colour dotted."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     arms = results["arms"]
+    colour = arm_colours(results)
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
     ax = axes[0][0]
     for arm, data in arms.items():
         steps = [r["step"] for r in data["rows"]]
-        ax.plot(steps, [engine_length(r) for r in data["rows"]], marker="o", label=arm)
+        lengths = [engine_length(r) for r in data["rows"]]
+        ax.plot(steps, lengths, marker="o", color=colour[arm], label=arm)
     ax.set(title="engine accepted length (k=2)", xlabel="RL step", ylabel="tokens per step")
     ax.legend()
     ax = axes[0][1]
@@ -200,19 +224,23 @@ def plot(results: dict, path: str) -> None:
                 steps,
                 [_engine(r, k)["tokens_per_s"] for r in data["rows"]],
                 style,
+                color=colour[arm],
                 label=f"{arm} k={k}",
             )
     ax.set(title="output tokens/s (batch of prompts)", xlabel="RL step")
     ax.legend(fontsize=7, ncol=2)
     ax = axes[1][0]
     names = list(arms)
-    ax.bar(names, [statistics.median(arms[a]["train_step_ms"]) for a in names])
+    medians = [statistics.median(arms[a]["train_step_ms"]) for a in names]
+    for name, value in zip(names, medians, strict=True):
+        ax.bar(name, value, color=colour[name], label=name)
     ax.set(title="train step, median ms", ylabel="ms")
     ax = axes[1][1]
     for arm, data in arms.items():
         ax.scatter(
             [engine_length(r) for r in data["rows"]],
             [r["teacher_forced"]["accepted_length"] for r in data["rows"]],
+            color=colour[arm],
             label=arm,
         )
     ax.plot([0, DEPTH], [0, DEPTH], "k:")
@@ -222,6 +250,7 @@ def plot(results: dict, path: str) -> None:
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+    return fig
 
 
 def merge(runs: list[dict]) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,57 @@ def test_the_mask_arms_train_one_policy_and_differ_only_in_what_mtp_trains_on(tm
     assert forced["P"][0] == forced["R"][0]  # the same pretrained model at the first measurement
     assert forced["P"][-1]["loss"] != forced["R"][-1]["loss"]  # MTP learnt different tokens
     assert "| MTP trained on the response only drafts at least as well" in out.stdout
+
+
+RECORDED = ROOT / "docs" / "benchmarks" / "rl_drafter"
+
+
+def rl_drafter_report():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import rl_drafter_report
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return rl_drafter_report
+
+
+def test_the_rl_drafter_report_sets_each_arm_against_the_a_of_its_own_run():
+    report = rl_drafter_report()
+    single = json.loads((RECORDED / "smoke_small_all_arms.json").read_text())  # one process
+    text = report.report(single)
+    assert "nan" not in text and text.count("A of its run:") == len(single["arms"])
+    a = statistics.median(single["arms"]["A"]["train_step_ms"])
+    assert all(report.baseline_ms(single, arm) == a for arm in single["arms"])
+    assert f"A of its run: {a:.2f}" in text
+    merged = json.loads((RECORDED / "rl_drafter.json").read_text())  # arms of several runs
+    assert all("baseline_ms" in data for data in merged["arms"].values())
+    del merged["arms"]["B"]["baseline_ms"]  # as if B's run had had no A
+    without_a = ["B"]
+    text = report.report(merged)
+    assert "nan" not in text
+    assert text.count("no A in its run") == len(without_a)
+    assert set(report.mtp_cost(merged)) == set(merged["arms"]) - set(without_a)
+
+
+def test_the_rl_drafter_plot_gives_each_arm_one_colour_in_every_panel(tmp_path):
+    pytest.importorskip("matplotlib")
+    from matplotlib.colors import to_rgba_array
+
+    report = rl_drafter_report()
+    results = json.loads((RECORDED / "rl_drafter.json").read_text())
+    figure = report.plot(results, str(tmp_path / "plot.png"))
+    seen: dict[str, set[tuple[float, ...]]] = {}
+    for axis in figure.axes:
+        for artist in [*axis.lines, *axis.collections, *axis.patches]:
+            arm = artist.get_label().split(" ")[0]  # "B" or "B k=2"
+            if arm not in results["arms"]:
+                continue  # the diagonal and matplotlib's own artists
+            if hasattr(artist, "get_color"):
+                colour = artist.get_color()
+            else:
+                colour = artist.get_facecolor()
+            rgba = tuple(round(float(x), 6) for x in to_rgba_array(colour)[0])
+            seen.setdefault(arm, set()).add(rgba)
+    assert set(seen) == set(results["arms"])
+    assert all(len(colours) == 1 for colours in seen.values()), seen
+    assert len({colours.pop() for colours in seen.values()}) == len(seen)  # none shared
