@@ -23,8 +23,10 @@ class MTPMetrics:
         chain_acceptance: Per depth ``k``, the fraction of positions where depths ``1..k`` all
             hit: what a rollout engine that drafts ``k`` tokens with greedy verification sees
             accepted in full. Depth 1's equals its ``acceptance``.
-        accepted_length: The mean number of draft tokens a greedy chain over all depths accepts
-            per position, the chain stopping at its first miss (``0`` to the MTP depth).
+        accepted_length: The draft tokens a greedy engine drafting every depth accepts per
+            verify step over these tokens (``0`` to the MTP depth), the engine's own figure:
+            it verifies at a region's first position and goes on after the tokens it accepted,
+            so a position inside an accepted chain is never a verify step.
 
     Example:
         >>> from mtp_hooks import MTPMetrics

@@ -5,9 +5,10 @@ thread; the hook on ``model.mtp`` takes it when the MTP block returns its hidden
 main chunk followed by one chunk per depth), and computes, for each depth, what Megatron's
 ``process_mtp_loss`` computes for its training-mode log: the output layer's logits, the
 vocab-parallel cross-entropy of the model's own ``compute_language_model_loss`` over the rolled
-labels and loss mask, and the top-1 hits. That is one extra output-layer projection per depth.
-Totals stay on the device (no host sync) until :meth:`Recorder.metrics` reads them. Forwards
-that record nothing pay nothing: no hook is registered then.
+labels and loss mask, and the top-1 hits (:mod:`._depth_figures`). That is one extra
+output-layer projection per depth. Totals stay on the device (no host sync) until
+:meth:`Recorder.metrics` reads them. Forwards that record nothing pay nothing: no hook is
+registered then.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import functools
 import inspect
 import threading
 import weakref
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, cast
 
 import torch
@@ -25,12 +24,9 @@ from megatron.core.transformer import multi_token_prediction as _mtp
 
 from .._metrics import MTPMetrics
 from .._plugin_registry import registry as _registry
+from ._depth_figures import Request, add_by_depth, depth_values, to_metrics
 
-# Rows of a [6, depths] values tensor: per depth the masked loss sum, the top-1 hits, the
-# positions that count (mask != 0), then the chained hits (every depth up to this one hit) and the
-# chained positions (every depth up to this one has the position), and the mask's sum: a
-# weighted mask weighs the loss (megatron's weighted mean), never the acceptance.
-_LOSS, _CORRECT, _TOKENS, _CHAIN, _CHAIN_POSITIONS, _MASK_SUM = range(6)
+__all__ = ["Recorder", "call_arguments", "derives_labels", "running_means", "takes_loss_mask"]
 
 
 @functools.lru_cache(maxsize=1)
@@ -65,16 +61,6 @@ def takes_loss_mask(model: torch.nn.Module) -> bool:
     return "loss_mask" in _forward_signature(cast(Any, type(model))).parameters
 
 
-@dataclass
-class _Request:
-    phase: Any
-    labels: torch.Tensor | None
-    loss_mask: torch.Tensor | None
-    input_ids: torch.Tensor | None
-    packed_seq_params: Any
-    runtime_gather_output: bool | None
-
-
 class Recorder:
     """The metrics of one gated model: pending requests by thread, and totals by phase."""
 
@@ -82,7 +68,7 @@ class Recorder:
         self._model = weakref.ref(model)
         self.derive = derives_labels()
         self.lock = threading.Lock()
-        self.pending: dict[int, _Request] = {}
+        self.pending: dict[int, Request] = {}
         self.done: dict[int, tuple[Any, torch.Tensor]] = {}  # thread -> (phase, forward values)
         self.totals: dict[Any, tuple[torch.Tensor, int]] = {}  # phase -> (float64 sums, forwards)
         self.handle: torch.utils.hooks.RemovableHandle | None = None
@@ -97,7 +83,7 @@ class Recorder:
         labels, input_ids = bound.get("labels"), bound.get("input_ids")
         if labels is None and not (self.derive and input_ids is not None):
             return  # Megatron computes no MTP loss for this forward
-        request = _Request(
+        request = Request(
             phase,
             labels,
             bound.get("loss_mask"),
@@ -149,7 +135,8 @@ class Recorder:
             self.handle = None
 
     def take(self, reset: bool) -> dict[Any, tuple[torch.Tensor, int]]:
-        """The totals by phase, ``(float64 [6, depths] sums, forwards)``; ``reset`` clears them."""
+        """The totals by phase, ``(float64 [ROWS, depths] sums, forwards)`` (see
+        :mod:`._depth_figures`); ``reset`` clears them."""
         with self.lock:
             totals = dict(self.totals)
             if reset:
@@ -164,116 +151,6 @@ class Recorder:
         return new
 
 
-def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
-    """Means of ``[6, depths]`` sums (see ``_LOSS``) over ``forwards`` (a host sync).
-
-    Divided in ``values``' dtype, so one forward's float32 loss is bit for bit the value
-    Megatron logs for it (``sum / num_tokens.clamp(min=1)``, ``num_tokens`` the mask's sum).
-    Acceptance is hits over the positions whose mask is not 0, whatever their weight.
-    """
-    loss = (values[_LOSS] / values[_MASK_SUM].clamp(min=1)).tolist()
-    acceptance = (values[_CORRECT] / values[_TOKENS].clamp(min=1)).tolist()
-    tokens = [int(n) for n in values[_TOKENS].tolist()]
-    chain = (values[_CHAIN] / values[_CHAIN_POSITIONS].clamp(min=1)).tolist()
-    accepted = float(values[_CHAIN].sum() / values[_CHAIN_POSITIONS][0].clamp(min=1))
-    return MTPMetrics(
-        loss=tuple(loss),
-        acceptance=tuple(acceptance),
-        tokens=tuple(tokens),
-        forwards=forwards,
-        chain_acceptance=tuple(chain),
-        accepted_length=accepted,
-    )
-
-
-def depth_values(model: Any, request: _Request, hidden: torch.Tensor) -> torch.Tensor:
-    """``[6, depths]`` float32: the masked loss sum, top-1 hits and positions of each depth,
-    computed the way ``process_mtp_loss`` computes them (same calls, same order), and the
-    chained hits and positions. Depth ``d`` at position ``i`` drafts token ``i + d + 1``, so a
-    greedy chain from position ``i`` accepts depths ``1..k`` when each of them hits at ``i``."""
-    depths = model.config.mtp_num_layers
-    cp_group, psp = model.cp_group, request.packed_seq_params
-
-    def roll(tensor: Any) -> Any:
-        return _mtp.roll_tensor(
-            tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
-        )
-
-    with torch.no_grad():
-        chunks = torch.chunk(hidden, 1 + depths, dim=0)
-        labels, mask = request.labels, request.loss_mask
-        if labels is None:  # Megatron derives them: label[i] = input_ids[i + 1]
-            labels, _ = roll(request.input_ids)
-            mask, _ = roll(torch.ones_like(labels) if mask is None else mask)
-        elif mask is None:
-            mask = torch.ones_like(labels)
-        weight = model.shared_embedding_or_output_weight() if _tied(model) else None
-        scale: Callable[[torch.Tensor], torch.Tensor] | None = (
-            model._scale_logits if getattr(model.config, "use_mup", False) else None
-        )
-        rows = []
-        chain: torch.Tensor | None = None  # [s, b]: every depth so far hit here
-        present: torch.Tensor | None = None  # [s, b]: every depth so far has this position
-        for depth in range(depths):
-            logits, _ = model.output_layer(
-                chunks[depth + 1],
-                weight=weight,
-                runtime_gather_output=request.runtime_gather_output,
-            )
-            if scale is not None:
-                logits = scale(logits)
-            labels, _ = roll(labels)
-            mask, mask_sum = roll(mask)
-            loss = torch.sum(mask * model.compute_language_model_loss(labels, logits))
-            valid = mask.t() != 0
-            hits = (_top1(model, logits, request.runtime_gather_output) == labels.t()) & valid
-            chain = hits if chain is None else chain & hits
-            present = valid if present is None else present & valid
-            rows.append(
-                torch.stack(
-                    [
-                        loss.float(),
-                        hits.sum().float(),
-                        valid.sum().float(),
-                        chain.sum().float(),
-                        present.sum().float(),
-                        mask_sum.float(),
-                    ]
-                )
-            )
-        return torch.stack(rows, dim=1)
-
-
-def _tied(model: Any) -> bool:
-    return bool(getattr(model, "share_embeddings_and_output_weights", False))
-
-
-def _top1(model: Any, logits: torch.Tensor, gather: bool | None) -> torch.Tensor:
-    """``[s, b]`` global top-1 token ids; exact when the vocab is split across TP ranks.
-
-    Each rank contributes its shard's maximum and its index; the first rank holding the global
-    maximum wins, which is the tie rule of ``argmax`` over the whole vocabulary (and of
-    Megatron's own acceptance count).
-    """
-    sharded = (
-        (not gather)
-        if gather is not None
-        else not getattr(model.output_layer, "gather_output", False)
-    )
-    group = getattr(model, "tp_group", None)
-    size = torch.distributed.get_world_size(group) if sharded and group is not None else 1
-    if size == 1:
-        return logits.argmax(dim=-1)
-    values, index = logits.max(dim=-1)
-    all_values = [torch.empty_like(values) for _ in range(size)]
-    all_index = [torch.empty_like(index) for _ in range(size)]
-    torch.distributed.all_gather(all_values, values, group=group)
-    torch.distributed.all_gather(all_index, index, group=group)
-    winner = torch.stack(all_values).argmax(dim=0)
-    local = torch.stack(all_index).gather(0, winner.unsqueeze(0)).squeeze(0)
-    return winner * logits.size(-1) + local
-
-
 def running_means(recorders: list[Recorder], reset: bool) -> dict[str, MTPMetrics]:
     """The running means by phase over ``recorders`` (their sums added: token-weighted). Models
     of different MTP depth add up depth by depth; a depth only some have counts only theirs."""
@@ -282,14 +159,6 @@ def running_means(recorders: list[Recorder], reset: bool) -> dict[str, MTPMetric
         for phase, (sums, forwards) in recorder.take(reset).items():
             seen = combined.get(str(phase))
             if seen is not None:
-                sums, forwards = _add_by_depth(seen[0], sums), seen[1] + forwards
+                sums, forwards = add_by_depth(seen[0], sums), seen[1] + forwards
             combined[str(phase)] = (sums, forwards)
     return {phase: to_metrics(sums, n) for phase, (sums, n) in sorted(combined.items())}
-
-
-def _add_by_depth(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """``a + b`` for ``[6, depths]`` sums, the shallower one padded with zero counts."""
-    b = b.to(a.device)
-    depths = max(a.shape[1], b.shape[1])
-    pad = torch.nn.functional.pad
-    return pad(a, (0, depths - a.shape[1])) + pad(b, (0, depths - b.shape[1]))

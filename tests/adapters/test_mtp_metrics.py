@@ -149,13 +149,17 @@ def test_a_weighted_mask_weighs_the_loss_but_acceptance_counts_positions(deep, b
     assert list(one_forward.loss) == megatron_log()[0]  # megatron's weighted mean, bit for bit
 
 
-def chained_by_hand(labels, mask, token: int, depths: int) -> tuple[list[float], float]:
-    """Chained acceptance and accepted length of heads that always draft ``token``: depth ``d``
-    at position ``i`` drafts ``labels[i + d]``, present where ``mask[i + d]`` is set."""
+def chained_by_hand(labels, mask, token: int, depths: int) -> tuple[list[float], float, float]:
+    """Chained acceptance, the accepted length a greedy engine reaches, and the per-position
+    mean chain, for heads that always draft ``token``: depth ``d`` at position ``i`` drafts
+    ``labels[i + d]``, present where ``mask[i + d]`` is set. The engine verifies at the first
+    position of each run of positions depth 1 has, and from ``i`` goes on at ``i + chain + 1``."""
     rows, seq = labels.tolist(), labels.shape[1]
     weights = mask.tolist()
     chain_hits, chain_present = [0] * depths, [0] * depths
+    walk_accepted = walk_steps = 0
     for row, weight in zip(rows, weights, strict=True):
+        run, region = [0] * seq, [False] * seq
         for i in range(seq):
             hit = present = True
             for d in range(depths):
@@ -164,8 +168,16 @@ def chained_by_hand(labels, mask, token: int, depths: int) -> tuple[list[float],
                 hit = hit and present and row[j] == token
                 chain_hits[d] += hit
                 chain_present[d] += present
+                run[i] += hit
+                region[i] = region[i] or (d == 0 and present)
+        for start in range(seq):
+            if region[start] and (start == 0 or not region[start - 1]):
+                i = start
+                while i < seq and region[i]:
+                    walk_accepted, walk_steps = walk_accepted + run[i], walk_steps + 1
+                    i += run[i] + 1
     chain = [h / p for h, p in zip(chain_hits, chain_present, strict=True)]
-    return chain, sum(chain_hits) / chain_present[0]
+    return chain, walk_accepted / walk_steps, sum(chain_hits) / chain_present[0]
 
 
 def test_chained_acceptance_and_accepted_length_count_greedy_chains(deep, batch, loss_mask):
@@ -181,11 +193,14 @@ def test_chained_acceptance_and_accepted_length_count_greedy_chains(deep, batch,
         model.eval()
         model(*batch.args(), labels=labels, loss_mask=loss_mask)
     metrics = handle.metrics()["eval"]
-    chain, accepted = chained_by_hand(labels, loss_mask, 7, DEPTHS)
+    chain, accepted, per_position = chained_by_hand(labels, loss_mask, 7, DEPTHS)
     assert metrics.chain_acceptance[0] == metrics.acceptance[0]
     assert metrics.chain_acceptance == pytest.approx(chain, abs=1e-6)
     assert metrics.accepted_length == pytest.approx(accepted, abs=1e-6)
     assert 0 < chain[1] < chain[0] < 1 and 0 < accepted < DEPTHS  # the case is not trivial
+    # the run of sevens makes easy positions follow each other: a mean over every position
+    # counts each accepted chain at every position it covers, and reads above the engine
+    assert per_position > accepted + 0.05
 
 
 def test_running_means_weigh_positions_and_reset_clears_them(deep, batch, loss_mask):

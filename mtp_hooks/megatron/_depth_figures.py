@@ -1,0 +1,171 @@
+"""The figures of one recorded forward: per MTP depth, its loss, top-1 hits and positions, the
+chained hits, and the greedy engine's walk over them; and their means.
+
+:class:`~mtp_hooks.megatron._recorder.Recorder` hands each forward's MTP hidden states here.
+Everything stays on the device as one ``[ROWS, depths]`` tensor per forward, summed per phase,
+until :func:`to_metrics` reads it (one host sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from megatron.core.transformer import multi_token_prediction as _mtp
+
+from .._metrics import MTPMetrics
+from ._engine_walk import engine_walk
+
+
+@dataclass
+class Request:
+    """What one forward that records hands to :func:`depth_values`: its phase and the
+    arguments megatron's MTP loss reads."""
+
+    phase: Any
+    labels: torch.Tensor | None
+    loss_mask: torch.Tensor | None
+    input_ids: torch.Tensor | None
+    packed_seq_params: Any
+    runtime_gather_output: bool | None
+
+
+# Rows of a [ROWS, depths] values tensor: per depth the masked loss sum, the top-1 hits, the
+# positions that count (mask != 0), then the chained hits (every depth up to this one hit) and the
+# chained positions (every depth up to this one has the position), and the mask's sum: a
+# weighted mask weighs the loss (megatron's weighted mean), never the acceptance. The last two
+# rows hold, in column 0 only, the draft tokens accepted and the verify steps of a greedy
+# engine's walk over the positions (see ``engine_walk``).
+_LOSS, _CORRECT, _TOKENS, _CHAIN, _CHAIN_POSITIONS, _MASK_SUM = range(6)
+_WALK_ACCEPTED, _WALK_STEPS = 6, 7
+ROWS = 8
+
+
+def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
+    """Means of ``[ROWS, depths]`` sums (see ``_LOSS``) over ``forwards`` (a host sync).
+
+    Divided in ``values``' dtype, so one forward's float32 loss is bit for bit the value
+    Megatron logs for it (``sum / num_tokens.clamp(min=1)``, ``num_tokens`` the mask's sum).
+    Acceptance is hits over the positions whose mask is not 0, whatever their weight.
+    """
+    loss = (values[_LOSS] / values[_MASK_SUM].clamp(min=1)).tolist()
+    acceptance = (values[_CORRECT] / values[_TOKENS].clamp(min=1)).tolist()
+    tokens = [int(n) for n in values[_TOKENS].tolist()]
+    chain = (values[_CHAIN] / values[_CHAIN_POSITIONS].clamp(min=1)).tolist()
+    accepted = float(values[_WALK_ACCEPTED, 0] / values[_WALK_STEPS, 0].clamp(min=1))
+    return MTPMetrics(
+        loss=tuple(loss),
+        acceptance=tuple(acceptance),
+        tokens=tuple(tokens),
+        forwards=forwards,
+        chain_acceptance=tuple(chain),
+        accepted_length=accepted,
+    )
+
+
+def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> torch.Tensor:
+    """``[ROWS, depths]`` float32: the masked loss sum, top-1 hits and positions of each depth,
+    computed the way ``process_mtp_loss`` computes them (same calls, same order), the chained
+    hits and positions, and the greedy engine's walk (:func:`engine_walk`). Depth ``d`` at
+    position ``i`` drafts token ``i + d + 1``, so a greedy chain from position ``i`` accepts
+    depths ``1..k`` when each of them hits at ``i``."""
+    depths = model.config.mtp_num_layers
+    cp_group, psp = model.cp_group, request.packed_seq_params
+
+    def roll(tensor: Any) -> Any:
+        return _mtp.roll_tensor(
+            tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
+        )
+
+    with torch.no_grad():
+        chunks = torch.chunk(hidden, 1 + depths, dim=0)
+        labels, mask = request.labels, request.loss_mask
+        if labels is None:  # Megatron derives them: label[i] = input_ids[i + 1]
+            labels, _ = roll(request.input_ids)
+            mask, _ = roll(torch.ones_like(labels) if mask is None else mask)
+        elif mask is None:
+            mask = torch.ones_like(labels)
+        weight = model.shared_embedding_or_output_weight() if _tied(model) else None
+        scale: Callable[[torch.Tensor], torch.Tensor] | None = (
+            model._scale_logits if getattr(model.config, "use_mup", False) else None
+        )
+        rows = []
+        chain: torch.Tensor | None = None  # [s, b]: every depth so far hit here
+        present: torch.Tensor | None = None  # [s, b]: every depth so far has this position
+        run = None  # [s, b]: how many depths a greedy chain from here accepts
+        region = None  # [s, b]: depth 1 has this position
+        for depth in range(depths):
+            logits, _ = model.output_layer(
+                chunks[depth + 1],
+                weight=weight,
+                runtime_gather_output=request.runtime_gather_output,
+            )
+            if scale is not None:
+                logits = scale(logits)
+            labels, _ = roll(labels)
+            mask, mask_sum = roll(mask)
+            loss = torch.sum(mask * model.compute_language_model_loss(labels, logits))
+            valid = mask.t() != 0
+            hits = (_top1(model, logits, request.runtime_gather_output) == labels.t()) & valid
+            chain = hits if chain is None else chain & hits
+            present = valid if present is None else present & valid
+            run = chain.long() if run is None else run + chain.long()
+            region = valid if region is None else region
+            rows.append(
+                torch.stack(
+                    [
+                        loss.float(),
+                        hits.sum().float(),
+                        valid.sum().float(),
+                        chain.sum().float(),
+                        present.sum().float(),
+                        mask_sum.float(),
+                        *torch.zeros(2, device=loss.device),
+                    ]
+                )
+            )
+        values = torch.stack(rows, dim=1)
+        if run is not None and region is not None:
+            accepted, steps = engine_walk(run.t(), region.t())
+            values[_WALK_ACCEPTED, 0], values[_WALK_STEPS, 0] = accepted, steps
+        return values
+
+
+def _tied(model: Any) -> bool:
+    return bool(getattr(model, "share_embeddings_and_output_weights", False))
+
+
+def _top1(model: Any, logits: torch.Tensor, gather: bool | None) -> torch.Tensor:
+    """``[s, b]`` global top-1 token ids; exact when the vocab is split across TP ranks.
+
+    Each rank contributes its shard's maximum and its index; the first rank holding the global
+    maximum wins, which is the tie rule of ``argmax`` over the whole vocabulary (and of
+    Megatron's own acceptance count).
+    """
+    sharded = (
+        (not gather)
+        if gather is not None
+        else not getattr(model.output_layer, "gather_output", False)
+    )
+    group = getattr(model, "tp_group", None)
+    size = torch.distributed.get_world_size(group) if sharded and group is not None else 1
+    if size == 1:
+        return logits.argmax(dim=-1)
+    values, index = logits.max(dim=-1)
+    all_values = [torch.empty_like(values) for _ in range(size)]
+    all_index = [torch.empty_like(index) for _ in range(size)]
+    torch.distributed.all_gather(all_values, values, group=group)
+    torch.distributed.all_gather(all_index, index, group=group)
+    winner = torch.stack(all_values).argmax(dim=0)
+    local = torch.stack(all_index).gather(0, winner.unsqueeze(0)).squeeze(0)
+    return winner * logits.size(-1) + local
+
+
+def add_by_depth(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a + b`` for ``[ROWS, depths]`` sums, the shallower one padded with zero counts."""
+    b = b.to(a.device)
+    depths = max(a.shape[1], b.shape[1])
+    pad = torch.nn.functional.pad
+    return pad(a, (0, depths - a.shape[1])) + pad(b, (0, depths - b.shape[1]))
