@@ -54,6 +54,20 @@ def implementation(config: Any) -> str | None:
     return "transformer_engine" if impl == "transformer_engine" else None
 
 
+def live_implementation(model: Any) -> str | None:
+    """:func:`implementation` of ``model``'s config, but ``None`` for local graphs that no
+    module holds a graph manager for. Megatron-LM's RL loop (``train_rl.py`` without
+    ``--rl-training-cuda-graphs``) turns local graphs off for its log-prob and training passes
+    with ``toggle_cuda_graphs(model, "none")``, which deletes every layer's
+    ``cudagraph_manager``, and then puts ``cuda_graph_impl="local"`` back on the config: those
+    passes run eagerly, and every policy holds there. A model built with local graphs keeps a
+    manager on each graphed layer until then."""
+    impl = implementation(model.config)
+    if impl == "local" and not any(hasattr(m, "cudagraph_manager") for m in model.modules()):
+        return None
+    return impl
+
+
 def mtp_layers_graphed(model: Any) -> bool:
     """Whether megatron gave any of ``model``'s MTP modules a local graph manager (it does for
     the layers inside the MTP block unless ``cuda_graph_modules`` leaves them out)."""

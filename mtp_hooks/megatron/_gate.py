@@ -89,7 +89,7 @@ class MTPGate:
         self.verify = verify
         self.ddp = ddp
         self.base = gates(model.mtp_process, model.config)
-        graphs = _cuda_graphs.implementation(model.config)
+        graphs = _cuda_graphs.live_implementation(model)
         self.loss_stage = _standalone.loss_stage(model)  # follows the MTP stage
         self.standalone = _standalone.layout(model.config)
         self.labels_at = _capabilities.labels_position(self.cls)

@@ -357,3 +357,30 @@ def test_a_malformed_role_is_refused_before_anything_is_installed(build):
     with pytest.raises(mtp_hooks.PolicyError, match="mtp_hooks.attach: role 'bad role'"):
         mtp_hooks.attach(model, role="bad role")
     assert not model._forward_pre_hooks and mtp_hooks.role_of(model) is None
+
+
+def toggled_off(model):
+    """``model`` as Megatron-LM's RL loop leaves it for its log-prob and training passes:
+    megatron's own ``toggle_cuda_graphs(model, "none")`` deletes every graph manager, and the
+    loop then puts ``cuda_graph_impl="local"`` back on the config."""
+    utils = pytest.importorskip("megatron.core.transformer.utils")
+    if not hasattr(utils, "toggle_cuda_graphs"):
+        pytest.skip("toggle_cuda_graphs came in megatron-core 0.19")
+    utils.toggle_cuda_graphs(model, "none")
+    model.config.cuda_graph_impl = "local"
+    return model
+
+
+def test_local_graphs_toggled_off_for_training_take_every_policy(build, batch, count_mtp):
+    model = toggled_off(graphed(build(), "local"))
+    assert not any(hasattr(m, "cudagraph_manager") for m in model.modules())
+    assert model.config.cuda_graph_impl == "local"
+    counter = count_mtp(model)
+    mtp_hooks.configure("train=skip,eval=run")  # refused while the graphs are live
+    handle = mtp_hooks.attach(model)
+    model(*batch.args(), labels=batch.labels).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)
+    assert counter.n == 1
+    assert handle.stats() == {"train": {"skip": 1}, "eval": {"run": 1}}

@@ -96,7 +96,7 @@ def test_an_inference_forward_leaves_the_model_to_be_attached_by_its_first_train
         from megatron.core.inference.utils import InferenceMode
     except ImportError:
         pytest.skip("InferenceMode exists from megatron-core 0.18")
-    from test_attach import graphed
+    from test_attach import graphed, toggled_off
 
     model = graphed(build(), "local")
     mtp_hooks.clip_mtp_apart(model)  # what +detach needs under megatron's clipping optimizer
@@ -111,7 +111,7 @@ def test_an_inference_forward_leaves_the_model_to_be_attached_by_its_first_train
         except Exception:  # a CPU inference pass may fail later; only the hooks matter here
             pass
     assert not model._forward_hooks  # not attached yet: an attached model has a post-hook
-    model.config.cuda_graph_impl = "none"  # as megatron restores it before training
+    toggled_off(model)  # as train_rl.py leaves it for its log-prob and training passes
     with torch.no_grad():
         model(*batch.args(), labels=batch.labels)  # the old log-prob pass: attaches, skips
     model.train()
