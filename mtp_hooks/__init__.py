@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import framework, plugins, testing  # noqa: F401  (each public name's home)
-from ._decision import Decision, decide, explain
+from ._decision import Decision, decide
 from ._errors import (
     DecisionMismatchError,
     MTPHooksError,
@@ -27,6 +27,7 @@ from ._errors import (
     UnknownPluginError,
     UnsupportedModelError,
 )
+from ._explain import explain
 from ._loss_masks import mtp_loss_mask
 from ._metrics import MTPMetrics
 from ._phase_catalogue import declare_phase, phase

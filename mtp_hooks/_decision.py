@@ -56,6 +56,10 @@ class Decision:
         ignore_index: The label that ``mask="labels"`` leaves out.
         plugin_masks: Whether plugins' ``mtp_loss_mask`` answers apply (the config's
             ``plugin_masks = false`` turns them off).
+        objective: ``"kl"`` or ``"tv"`` when this forward trains MTP toward the policy's own
+            next-token distribution (``+objective:kl``), else ``None``: megatron's
+            cross-entropy against the labels.
+        temperature: The temperature of both distributions under ``objective``.
     """
 
     run: bool
@@ -73,6 +77,8 @@ class Decision:
     mask: str | None = None
     ignore_index: int = _policy.IGNORE_INDEX
     plugin_masks: bool = True
+    objective: str | None = None
+    temperature: float = 1.0
 
     @property
     def decided_by(self) -> str:
@@ -203,6 +209,9 @@ def decide_normalized(
         elif _registry().implements("mtp_detach_heads"):
             decision = _with_plugin_detach(decision, model, phase, role)
             cacheable = False  # an answer may follow the drafter's acceptance
+        if entry is not None and entry.objective in ("kl", "tv"):
+            temperature = 1.0 if entry.temperature is None else entry.temperature
+            decision = replace(decision, objective=entry.objective, temperature=temperature)
         if entry is not None and (entry.mask is not None or entry.plugin_masks is False):
             ignore = _policy.IGNORE_INDEX if entry.ignore_index is None else entry.ignore_index
             decision = replace(
@@ -228,6 +237,14 @@ def decide_normalized(
             " metrics=on" if decision.metrics else "",
             f" detach=on ({decision.detach_by})" if decision.detach else "",
         )
+        if decision.objective is not None:
+            logger.info(
+                "mtp_hooks decision: phase=%s role=%s objective=%s temperature=%g",
+                phase,
+                role,
+                decision.objective,
+                decision.temperature,
+            )
         if decision.mask is not None or not decision.plugin_masks:
             logger.info(
                 "mtp_hooks decision: phase=%s role=%s mask=%s ignore_index=%s plugin_masks=%s",
@@ -238,53 +255,3 @@ def decide_normalized(
                 "on" if decision.plugin_masks else "off",
             )
     return decision, cacheable
-
-
-def explain(model: Any, phase: _phases.Phase | str) -> str:
-    """Return a human-readable account of :func:`decide` for ``model`` and ``phase``.
-
-    Unlike :func:`decide`, it also lists what the plugins would vote when the config decides,
-    and reports a conflict instead of raising it.
-    """
-    canonical = _phase_catalogue.normalize(phase, "mtp_hooks.explain()")
-    role = _roles.role_of(model)
-    lines = [f"phase: {canonical}", f"role: {role or '-'}"]
-    entry = _sources.lookup(role, str(canonical))
-    if entry is not None:
-        lines.append(f"config: {entry.value} (from {entry.source})")
-    else:
-        lines.append("config: not set for this phase")
-    votes = dict(sorted(_registry().votes(model, canonical)))
-    for name, vote in votes.items():
-        lines.append(f"plugin {name}: {'abstain' if vote is None else 'run' if vote else 'skip'}")
-    if not votes:
-        lines.append("plugins: none registered")
-    try:
-        decision = decide(model, canonical)
-    except PolicyConflictError as exc:
-        lines.append(f"result: CONFLICT - {exc}")
-    else:
-        lines.append(
-            f"result: {'run' if decision.run else 'skip'} (decided by {decision.decided_by})"
-        )
-        if decision.loss_scale is not None:
-            lines.append(f"loss scale: {decision.loss_scale!r} (from {decision.loss_scale_by})")
-        if decision.metrics:
-            lines.append("metrics: recorded (MTP loss and top-1 acceptance per depth)")
-        if decision.detach:
-            lines.append(
-                "detach: MTP trains on detached trunk outputs, embeddings and output weight "
-                f"(from {decision.detach_by})"
-            )
-        if decision.run:
-            masks = []
-            if decision.mask == "labels":
-                masks.append(f"labels other than {decision.ignore_index} (from config)")
-            plugins = _registry().implementers("mtp_loss_mask")  # asked at the forward
-            if decision.plugin_masks and plugins:
-                masks.append("plugins " + ", ".join(plugins))
-            elif plugins:
-                masks.append("plugins' masks off (from config)")
-            if masks:
-                lines.append("MTP loss mask: " + "; ".join(masks) + ", with the caller's loss_mask")
-    return "\n".join(lines)

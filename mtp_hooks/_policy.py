@@ -4,11 +4,14 @@ The sources themselves, and when they are read, are in :mod:`mtp_hooks._sources`
 ``run``, ``skip`` and ``auto`` (no opinion: the plugins decide); ``run:WEIGHT`` also sets the MTP
 loss weight. Options follow ``run`` or ``auto`` in any order: ``+metrics`` records MTP quality
 metrics, ``+detach`` trains MTP without its gradient reaching the trunk, ``+mask:labels`` keeps
-the MTP loss off positions whose label is the ignore index (``run:0.3+detach+mask:labels``).
+the MTP loss off positions whose label is the ignore index (``run:0.3+detach+mask:labels``),
+``+objective:kl`` or ``+objective:tv`` (with ``+detach``) trains MTP toward the policy's own
+next-token distribution instead of the labels.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -22,7 +25,8 @@ __all__ = ["IGNORE_INDEX", "parse_policy"]
 
 _ALLOWED = (
     "'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the run/auto forms "
-    "optionally followed by '+metrics', '+detach' and '+mask:labels', in any order"
+    "optionally followed by '+metrics', '+detach', '+mask:labels' and '+objective:kl' "
+    "(or ':tv', ':ce'), in any order"
 )
 # VALUE[:WEIGHT](+OPTION)*, spaces allowed around ':' and '+'. An option starts with a letter,
 # so the '+' of an exponent (run:1e+3) is part of the weight.
@@ -33,9 +37,14 @@ _GRAMMAR = re.compile(
 )
 OPTIONS = ("metrics", "detach")
 MASKS = ("labels",)  # the mask sources of '+mask:SOURCE' (TOML mask = "SOURCE")
+OBJECTIVES = ("ce", "kl", "tv")  # '+objective:NAME' (TOML objective = "NAME")
+_NAMED = ("mask", "objective")  # the options that take ':NAME'
 IGNORE_INDEX = -100  # torch's cross-entropy default, and what megatron's datasets write
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # labels are int64: a label outside can never match
-_TABLE_KEYS = {"mtp", "loss_scale", *OPTIONS, "mask", "ignore_index", "plugin_masks"}
+_TABLE_KEYS = {
+    "mtp", "loss_scale", *OPTIONS, "mask", "ignore_index", "plugin_masks", "objective",
+    "temperature",
+}  # fmt: skip
 
 
 def _mask(raw: object, where: str, value: str) -> str | None:
@@ -52,6 +61,42 @@ def _mask(raw: object, where: str, value: str) -> str | None:
     return raw.strip().lower()
 
 
+def _objective(
+    raw: object, temperature: object, detach: bool | None, where: str, value: str
+) -> tuple[str | None, float | None]:
+    """An objective (``+objective:kl``, TOML ``objective = "kl"``) and its temperature,
+    checked: ``kl`` and ``tv`` train MTP toward the policy itself, so they need ``+detach``
+    (the trunk must never learn from its own drafter's target)."""
+    if temperature is not None and raw not in ("kl", "tv"):
+        raise PolicyError(
+            f'{where}: \'temperature\' is the temperature of objective = "kl" or "tv"; add '
+            "one of them, or drop 'temperature'"
+        )
+    if raw is None:
+        return None, None
+    if not isinstance(raw, str) or raw.strip().lower() not in OBJECTIVES:
+        raise PolicyError(
+            f"{where}: unknown MTP objective {raw!r}; the objectives are 'ce' (megatron's "
+            "cross-entropy against the labels), 'kl' (the policy's own next-token "
+            "distribution) and 'tv' (the total variation to it)"
+        )
+    name = raw.strip().lower()
+    _check_option(f"objective:{name}", True, where, value)
+    if name != "ce" and not detach:
+        raise PolicyError(
+            f"{where}: '+objective:{name}' trains MTP toward the policy's own next-token "
+            f"distribution, which must never train the trunk: write 'run+detach+objective:"
+            f"{name}' (TOML detach = true), or use objective 'ce'"
+        )
+    if temperature is None:
+        return name, None
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
+        raise PolicyError(f"{where}: 'temperature' is a number, not {temperature!r}")
+    if not math.isfinite(temperature) or temperature <= 0:
+        raise PolicyError(f"{where}: 'temperature' must be finite and above 0, not {temperature!r}")
+    return name, float(temperature)
+
+
 def _value(raw: object, source: str, key: str) -> PolicyEntry:
     """A policy value: a string such as ``run:0.3+detach``, or a
     ``{mtp, loss_scale, metrics, detach}`` table."""
@@ -63,7 +108,8 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
             raise PolicyError(
                 f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
                 "'run', 'skip' or 'auto', with no weight or option in it), 'loss_scale', "
-                "'metrics', 'detach', 'mask', 'ignore_index' and 'plugin_masks', e.g. "
+                "'metrics', 'detach', 'mask', 'ignore_index', 'plugin_masks', 'objective' and "
+                "'temperature', e.g. "
                 '{mtp = "run", loss_scale = 0.3, metrics = true, detach = true, mask = "labels"}'
             )
         value = _value(raw["mtp"], source, key).value
@@ -92,9 +138,12 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
         plugin_masks = raw.get("plugin_masks")
         if plugin_masks is not None and not isinstance(plugin_masks, bool):
             raise PolicyError(f"{where}: 'plugin_masks' is true or false, not {plugin_masks!r}")
+        objective, temperature = _objective(
+            raw.get("objective"), raw.get("temperature"), flags["detach"], where, value
+        )
         return PolicyEntry(
             value, source, weight, bool(flags["metrics"]), flags["detach"], mask, ignore,
-            plugin_masks,
+            plugin_masks, objective, temperature,
         )  # fmt: skip
     if not isinstance(raw, str):
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
@@ -104,10 +153,10 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
     options = ["".join(o.split()) for o in match["options"].split("+")[1:]]
     names = [o.partition(":")[0] for o in options]
     for option, name in zip(options, names, strict=True):
-        if name not in (*OPTIONS, "mask") or (":" in option) != (name == "mask"):
+        if name not in (*OPTIONS, *_NAMED) or (":" in option) != (name in _NAMED):
             raise PolicyError(
                 f"{where} has value {raw!r}; unknown option '+{option}': the '+' options are "
-                "'+metrics', '+detach' and '+mask:labels'"
+                "'+metrics', '+detach', '+mask:labels' and '+objective:kl' (or ':tv', ':ce')"
             )
         if names.count(name) > 1:
             raise PolicyError(f"{where} has value {raw!r}; give '+{name}' once")
@@ -122,7 +171,9 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
     metrics, detach = (_check_option(o, o in options or None, where, named) for o in OPTIONS)
     given = [o.partition(":")[2] for o in options if o.startswith("mask:")]
     mask = _mask(given[0], where, named) if given else None
-    return PolicyEntry(named, source, weight, bool(metrics), detach, mask)
+    chosen = [o.partition(":")[2] for o in options if o.startswith("objective:")]
+    objective, _ = _objective(chosen[0] if chosen else None, None, detach, where, named)
+    return PolicyEntry(named, source, weight, bool(metrics), detach, mask, objective=objective)
 
 
 def _check_option(option: str, flag: bool | None, where: str, value: str) -> bool | None:

@@ -36,6 +36,12 @@ class PolicyEntry:
             ``None``: -100, as in torch's cross-entropy).
         plugin_masks: ``False`` (TOML ``plugin_masks = false``): plugins' ``mtp_loss_mask``
             answers are not asked for; ``None``: they are.
+        objective: What MTP's loss trains toward (``+objective:kl``, TOML ``objective =
+            "kl"``): ``"kl"`` the policy's own next-token distribution (self-distillation),
+            ``"tv"`` the total variation to it, ``"ce"`` or ``None`` megatron's cross-entropy
+            against the labels. ``kl`` and ``tv`` need ``+detach``.
+        temperature: The temperature of both distributions under ``kl`` or ``tv`` (TOML
+            ``temperature``; ``None``: 1).
     """
 
     value: PolicyValue
@@ -46,17 +52,22 @@ class PolicyEntry:
     mask: str | None = None
     ignore_index: int | None = None
     plugin_masks: bool | None = None
+    objective: str | None = None
+    temperature: float | None = None
 
 
 def spell(entry: PolicyEntry) -> str:
     """``entry`` in the compact grammar (``run:0.3+metrics+detach``), which parses back to it.
 
     The weight is written as Python's shortest round-trip ``repr``. The TOML-only choices
-    (``detach = false``, the model's own setting; ``ignore_index``; ``plugin_masks = false``)
-    have no compact spelling and are left out.
+    (``detach = false``, the model's own setting; ``ignore_index``; ``plugin_masks = false``;
+    ``temperature``) have no compact spelling and are left out.
     """
     weight = "" if entry.loss_scale is None else f":{entry.loss_scale!r}"
     mask = "" if entry.mask is None else f"+mask:{entry.mask}"
+    objective = "" if entry.objective is None else f"+objective:{entry.objective}"
     return (
-        f"{entry.value}{weight}" + "+metrics" * entry.metrics + "+detach" * bool(entry.detach)
-    ) + mask
+        (f"{entry.value}{weight}" + "+metrics" * entry.metrics + "+detach" * bool(entry.detach))
+        + mask
+        + objective
+    )

@@ -11,7 +11,7 @@ import json
 import sys
 from collections.abc import Sequence
 
-from . import _decision, _policy, _policy_entry, _policy_file, _roles, plugins
+from . import _explain, _policy, _policy_entry, _policy_file, _roles, plugins
 from ._errors import MTPHooksError, PolicyError
 
 __all__ = ["main"]
@@ -40,7 +40,7 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     if args.role:
         model = _RoleOnly()
         _roles.set_role(model, args.role)
-    print(_decision.explain(model, args.phase))
+    print(_explain.explain(model, args.phase))
     return 0
 
 

@@ -41,6 +41,7 @@ from . import (
     _cuda_graphs,
     _ddp_settling,
     _loss_masking,
+    _objectives,
     _phase_plan,
     _recorder,
     _refusals,
@@ -114,6 +115,7 @@ class MTPGate:
         self.cache: dict[Any, PhasePlan] = {}  # phase -> its plan
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
         self.recorder: _recorder.Recorder | None = None  # made by the first +metrics plan
+        self.objectives: _objectives.Objectives | None = None  # by the first +objective call
         self.views = Views()  # the configs skipped and re-weighted calls run with
         self.lock = threading.Lock()
         self.removed = False
@@ -274,7 +276,29 @@ class MTPGate:
         if plan.metrics:  # +metrics: ask model.mtp's output to be measured
             self.recorder = self.recorder or _recorder.Recorder(module)
             self.recorder.request(module, plan.phase, args, kwargs)
+        if plan.objective is not None and _grad_enabled():  # +objective: hook the projections
+            self._request_objective(module, plan, args, kwargs)
         return plan
+
+    def _request_objective(
+        self,
+        module: torch.nn.Module,
+        plan: PhasePlan,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> None:
+        """Open this call's objective (:mod:`._objectives`), weighted as megatron would weight
+        its MTP loss: the decision's weight, else the model's own."""
+        request = _recorder.loss_request(module, plan.phase, args, kwargs)
+        if request is None:  # megatron computes no MTP loss in this call: nothing to replace
+            return
+        assert plan.objective is not None
+        kind, temperature = plan.objective
+        factor = plan.loss_scale
+        if factor is None:
+            factor = self.base[_CONFIG].mtp_loss_scaling_factor
+        self.objectives = self.objectives or _objectives.Objectives(module)
+        self.objectives.request(module, _objectives.Call(request, kind, temperature, factor))
 
     def post_hook(
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
@@ -303,6 +327,9 @@ class MTPGate:
                 self._finish_removal()
         if self.recorder is not None:
             self.recorder.end(module, completed=output is not None)
+        if self.objectives is not None and (loss := self.objectives.end()) is not None:
+            if output is not None:  # the objective rides on the output into the backward
+                return _objectives.attach(output, loss)
         if top is not None and top[_SETTLE] and output is not None:
             return self.ddp.after_skipped_forward(output)
         return None
@@ -431,6 +458,8 @@ class MTPGate:
             interrupted = _call_stack.prune(self.records, module, None)
         if interrupted and self.recorder is not None:
             self.recorder.cancel()  # the metrics request the interrupted call left
+        if interrupted and self.objectives is not None:
+            self.objectives.end()  # the objective the interrupted call left open
 
     def _finish_removal(self) -> None:
         """Remove both hooks once no call of the model is running (called by removal, and by

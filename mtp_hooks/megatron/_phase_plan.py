@@ -58,6 +58,9 @@ class PhasePlan:
     """The label a ``+mask:labels`` call leaves out of the MTP loss, or ``None``."""
     masking: bool
     """``masks`` or an ``ignore_index``: the call gets a mask of its own (read per call)."""
+    objective: tuple[str, float] | None = None
+    """``(kind, temperature)`` when MTP trains toward the policy (``+objective:kl``): megatron's
+    own weight is 0 for the call and :mod:`._objectives` adds the objective, else ``None``."""
 
     def plainly(self, run: bool) -> PhasePlan:
         """This plan with ``run`` and none of its options: what a standalone layout's loss
@@ -72,6 +75,7 @@ class PhasePlan:
             masks=False,
             ignore_index=None,
             masking=False,
+            objective=None,
         )
 
 
@@ -104,7 +108,12 @@ def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:
     if gate.local_graphs and decision.run:
         _cuda_graphs.check_replayable(module)
     changes: list[tuple[str, Any]] = []
-    if decision.run and decision.loss_scale is not None:
+    objective = None
+    if decision.run and decision.objective is not None:
+        _refusals.check_objective(gate, str(phase))
+        objective = (decision.objective, decision.temperature)
+        changes.append(("mtp_loss_scaling_factor", 0.0))  # megatron's cross-entropy adds nothing
+    elif decision.run and decision.loss_scale is not None:
         changes.append(("mtp_loss_scaling_factor", decision.loss_scale))
     if decision.run and decision.detach:
         refusal = gate.detach_refusal or _refusals.clipping_refusal(module)
@@ -127,6 +136,7 @@ def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:
         masks=masks,
         ignore_index=ignore,
         masking=masks or ignore is not None,
+        objective=objective,
     )
     if cacheable:
         gate.cache[phase] = made

@@ -61,12 +61,33 @@ def takes_loss_mask(model: torch.nn.Module) -> bool:
     return "loss_mask" in _forward_signature(cast(Any, type(model))).parameters
 
 
+def loss_request(
+    model: Any, phase: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Request | None:
+    """What megatron's MTP loss reads from this call of ``model``, or ``None`` where it
+    computes none: no MTP or output layer on this pipeline stage, or no labels to take or
+    derive."""
+    if not getattr(model, "post_process", True) or getattr(model, "mtp", None) is None:
+        return None
+    bound = call_arguments(model, args, kwargs)
+    labels, input_ids = bound.get("labels"), bound.get("input_ids")
+    if labels is None and not (derives_labels() and input_ids is not None):
+        return None
+    return Request(
+        phase,
+        labels,
+        bound.get("loss_mask"),
+        input_ids,
+        bound.get("packed_seq_params"),
+        bound.get("runtime_gather_output"),
+    )
+
+
 class Recorder:
     """The metrics of one gated model: pending requests by thread, and totals by phase."""
 
     def __init__(self, model: torch.nn.Module) -> None:
         self._model = weakref.ref(model)
-        self.derive = derives_labels()
         self.lock = threading.Lock()
         self.pending: dict[int, Request] = {}
         self.done: dict[int, tuple[Any, torch.Tensor]] = {}  # thread -> (phase, forward values)
@@ -77,20 +98,9 @@ class Recorder:
         self, model: Any, phase: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> None:
         """Ask for this thread's forward of ``model`` (starting now) to be recorded."""
-        if not getattr(model, "post_process", True) or getattr(model, "mtp", None) is None:
-            return  # no labels or output layer on this pipeline stage
-        bound = call_arguments(model, args, kwargs)
-        labels, input_ids = bound.get("labels"), bound.get("input_ids")
-        if labels is None and not (self.derive and input_ids is not None):
-            return  # Megatron computes no MTP loss for this forward
-        request = Request(
-            phase,
-            labels,
-            bound.get("loss_mask"),
-            input_ids,
-            bound.get("packed_seq_params"),
-            bound.get("runtime_gather_output"),
-        )
+        request = loss_request(model, phase, args, kwargs)
+        if request is None:
+            return
         with self.lock:
             self.pending[threading.get_ident()] = request
             if self.handle is None:

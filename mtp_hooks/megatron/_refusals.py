@@ -168,3 +168,26 @@ def check_mask_policy(role: str | None) -> None:
     whose MTP loss divides by an unguarded count (:data:`UNGUARDED`)."""
     for name in _sources.configured_with(role, "mask"):
         raise UnsupportedModelError(f"{UNGUARDED} (the policy config masks it in {name})")
+
+
+def check_objective(gate: ExecutionMode, phase: str) -> None:
+    """Refuse ``+objective:kl``/``tv`` where its hook cannot run or its target does not exist:
+    full-iteration CUDA graphs (replays run no Python) and standalone MTP layouts (the policy's
+    logits are made on another stage)."""
+    if gate.full_graphs:
+        why = (
+            "this model uses full-iteration CUDA graphs, whose replays run no Python, and the "
+            "objective is computed in a forward hook. Use cuda_graph_impl='transformer_engine' "
+            "or 'none', or objective 'ce'"
+        )
+    elif gate.standalone:
+        why = (
+            "this model computes MTP on a pipeline stage of its own, where the policy's logits "
+            "it trains toward do not exist. Put MTP on the last stage, or use objective 'ce'"
+        )
+    else:
+        return
+    raise UnsupportedModelError(
+        f"mtp_hooks: the policy trains MTP toward the policy's own distribution in {phase}, but "
+        f"{why}."
+    )

@@ -239,6 +239,18 @@ def test_detach_is_refused_at_attach_where_megatron_core_has_no_mtp_detach_heads
 
 
 @pytest.mark.skipif(has_detach_field(), reason="this megatron-core has mtp_detach_heads")
+def test_an_objective_is_refused_at_attach_where_megatron_core_cannot_detach(build):
+    """``kl`` and ``tv`` need ``+detach``: on megatron-core 0.16-0.18 they are refused at
+    attach, before any forward, with the detach refusal's fix (upgrade)."""
+    model = build()
+    mtp_hooks.configure("train=run+detach+objective:kl")
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as info:
+        mtp_hooks.attach(model)
+    assert "mtp_detach_heads" in str(info.value) and "Upgrade megatron-core" in str(info.value)
+    assert not model._forward_pre_hooks
+
+
+@pytest.mark.skipif(has_detach_field(), reason="this megatron-core has mtp_detach_heads")
 def test_detach_configured_after_attach_is_refused_at_the_next_forward(build, batch, count_mtp):
     model = build()
     config, counter = model.config, count_mtp(model)

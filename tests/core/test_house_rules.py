@@ -23,7 +23,7 @@ LAYERS = {
     "policy": [
         "mtp_hooks._phase_catalogue", "mtp_hooks._policy_entry", "mtp_hooks._policy",
         "mtp_hooks._policy_file",
-        "mtp_hooks._sources", "mtp_hooks._decision", "mtp_hooks._loss_masks",
+        "mtp_hooks._sources", "mtp_hooks._decision", "mtp_hooks._explain", "mtp_hooks._loss_masks",
     ],
     "public faces below the adapters": [
         "mtp_hooks.plugins", "mtp_hooks.testing", "mtp_hooks.framework", "mtp_hooks.framework.*",

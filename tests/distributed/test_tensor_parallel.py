@@ -116,3 +116,19 @@ def test_under_cp2_a_mask_reaches_each_ranks_mtp_as_megatrons_own_loss_mask(tmp_
             "block": {"train": {"run": 1, "masked": 1}},
             "labels": {"train": {"run": 1, "masked": 1}},
         }
+
+
+@pytest.mark.skipif(
+    not __import__("model_fixtures").has_detach_field(),
+    reason="kl and tv need +detach: megatron-core 0.19's mtp_detach_heads",
+)
+def test_tp2_each_objective_trains_each_vocabulary_shard_as_a_whole_vocabulary_reference(tmp_path):
+    import _objective_scenarios
+
+    results = run_ranks(_objective_scenarios.objective_under_tp, world=2, tp=2, tmp=tmp_path)
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        for kind in ("kl", "tv"):
+            figures = result[kind]
+            assert figures["sharded"] and figures["close"] and figures["trunk_as_skip"], kind
+            assert figures["largest"] > 1e-6, kind

@@ -1,0 +1,70 @@
+"""``explain``: the decision for one model and phase, told as a person would read it.
+
+What :func:`mtp_hooks.decide` decides, and why: the config entry, every plugin's vote, and the
+options the decision carries. ``mtp-hooks explain`` prints it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import _phase_catalogue, _phases, _roles, _sources
+from ._decision import decide
+from ._errors import PolicyConflictError
+from ._plugin_registry import registry as _registry
+
+
+def explain(model: Any, phase: _phases.Phase | str) -> str:
+    """Return a human-readable account of :func:`decide` for ``model`` and ``phase``.
+
+    Unlike :func:`decide`, it also lists what the plugins would vote when the config decides,
+    and reports a conflict instead of raising it.
+    """
+    canonical = _phase_catalogue.normalize(phase, "mtp_hooks.explain()")
+    role = _roles.role_of(model)
+    lines = [f"phase: {canonical}", f"role: {role or '-'}"]
+    entry = _sources.lookup(role, str(canonical))
+    if entry is not None:
+        lines.append(f"config: {entry.value} (from {entry.source})")
+    else:
+        lines.append("config: not set for this phase")
+    votes = dict(sorted(_registry().votes(model, canonical)))
+    for name, vote in votes.items():
+        lines.append(f"plugin {name}: {'abstain' if vote is None else 'run' if vote else 'skip'}")
+    if not votes:
+        lines.append("plugins: none registered")
+    try:
+        decision = decide(model, canonical)
+    except PolicyConflictError as exc:
+        lines.append(f"result: CONFLICT - {exc}")
+    else:
+        lines.append(
+            f"result: {'run' if decision.run else 'skip'} (decided by {decision.decided_by})"
+        )
+        if decision.loss_scale is not None:
+            lines.append(f"loss scale: {decision.loss_scale!r} (from {decision.loss_scale_by})")
+        if decision.metrics:
+            lines.append("metrics: recorded (MTP loss and top-1 acceptance per depth)")
+        if decision.detach:
+            lines.append(
+                "detach: MTP trains on detached trunk outputs, embeddings and output weight "
+                f"(from {decision.detach_by})"
+            )
+        if decision.objective is not None:
+            lines.append(
+                f"objective: {decision.objective} against the policy's own next-token "
+                f"distribution at temperature {decision.temperature:g} (megatron's "
+                "cross-entropy still runs, at weight 0)"
+            )
+        if decision.run:
+            masks = []
+            if decision.mask == "labels":
+                masks.append(f"labels other than {decision.ignore_index} (from config)")
+            plugins = _registry().implementers("mtp_loss_mask")  # asked at the forward
+            if decision.plugin_masks and plugins:
+                masks.append("plugins " + ", ".join(plugins))
+            elif plugins:
+                masks.append("plugins' masks off (from config)")
+            if masks:
+                lines.append("MTP loss mask: " + "; ".join(masks) + ", with the caller's loss_mask")
+    return "\n".join(lines)

@@ -1,0 +1,225 @@
+"""What MTP trains toward: the policy's own next-token distribution (``kl``, ``tv``).
+
+megatron's MTP loss is a cross-entropy against the data's labels. A drafter is judged by how
+often the *policy* would produce what it drafts, and in RL the data are the policy's own
+samples: a noisy target, and a stale one right after the policy moves. ``+objective:kl`` and
+``+objective:tv`` train each depth's draft distribution toward the policy's own detached
+next-token distribution at the position it drafts for, with no edit to megatron:
+
+* The call runs with megatron's MTP loss weight set to 0 (the config view that carries a
+  weight), so megatron's cross-entropy still runs, forward and backward, but adds nothing to
+  any gradient. That is its whole cost: a cross-entropy per depth.
+* A forward hook on ``model.output_layer`` sees megatron's own projections: one per depth
+  inside ``process_mtp_loss``, then the policy's. No extra projection is made. At the policy's,
+  it computes the objective from the depths' logits and the policy's (detached, at the given
+  temperature, rolled along the sequence by the depth exactly as megatron rolls labels:
+  context parallelism and packed sequences included), weighted and normalised exactly as
+  megatron weights its MTP loss. The model's forward then returns its output through megatron's
+  own ``MTPLossAutoScaler`` carrying the objective, so the backward of whatever the caller
+  computes from it also trains MTP. (Not the logits themselves: megatron's cross-entropy
+  changes them in place, which autograd forbids on the output of such a function.)
+* ``kl`` and ``tv`` need ``+detach``: megatron then detaches MTP's inputs, embeddings and
+  output weight, so the objective trains the MTP weights alone and the policy's update stays
+  that of a skip.
+
+Under tensor parallelism the logits may be split along the vocabulary; the softmaxes, the
+objective's sum and ``tv``'s backward then reduce over the tensor-parallel group.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from megatron.core.transformer import multi_token_prediction as _mtp
+
+from .._errors import UnsupportedModelError
+from ._depth_figures import Request
+
+
+@dataclass
+class Call:
+    """One forward that trains MTP toward the policy: what it needs, and the depths' logits
+    the output layer has produced so far."""
+
+    request: Request
+    kind: str
+    temperature: float
+    factor: float
+    drafts: list[torch.Tensor] = field(default_factory=list)
+    """Each depth's draft log-probabilities so far, ``[s, b, v]`` (float32, with their graph)."""
+    loss: torch.Tensor | None = None
+
+
+class Objectives:
+    """The objective calls of one gated model, by thread, and the output-layer hook they use
+    (registered while a call is open, removed when none is)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self._model = weakref.ref(model)
+        self.lock = threading.Lock()
+        self.calls: dict[int, Call] = {}
+        self.handle: torch.utils.hooks.RemovableHandle | None = None
+
+    def request(self, model: Any, call: Call) -> None:
+        """Open ``call`` for this thread's forward of ``model``, starting now."""
+        with self.lock:
+            self.calls[threading.get_ident()] = call
+            if self.handle is None:
+                self.handle = model.output_layer.register_forward_hook(self._on_output)
+
+    def end(self) -> torch.Tensor | None:
+        """Close this thread's call, whether or not its forward completed; return the objective
+        it computed, if it got that far."""
+        with self.lock:
+            call = self.calls.pop(threading.get_ident(), None)
+            if not self.calls and self.handle is not None:
+                self.handle.remove()
+                self.handle = None
+        return None if call is None else call.loss
+
+    def _on_output(self, layer: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
+        with self.lock:
+            call = self.calls.get(threading.get_ident())
+        model: Any = self._model()
+        if call is None or model is None:
+            return None
+        logits = output[0]
+        if getattr(model.config, "use_mup", False):
+            logits = model._scale_logits(logits)  # as megatron scales what it trains on
+        group = _vocab_group(model, call.request.runtime_gather_output)
+        if len(call.drafts) < model.config.mtp_num_layers:
+            # A depth's projection, inside process_mtp_loss. Taken now, as log-probabilities:
+            # megatron's cross-entropy overwrites these logits in place right after.
+            call.drafts.append(_log_softmax(logits.float() / call.temperature, group))
+        elif call.loss is None:  # the policy's projection
+            call.loss = objective_loss(model, call, logits)
+            call.drafts.clear()
+        return None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Objectives:
+        """A copied model opens no call of the original's (its gate starts without one)."""
+        new = object.__new__(Objectives)
+        new._model, new.lock, new.calls, new.handle = self._model, threading.Lock(), {}, None
+        return new
+
+
+def attach(output: Any, loss: torch.Tensor) -> Any:
+    """``output`` carrying ``loss`` into the backward (megatron's ``MTPLossAutoScaler``, scaled
+    as megatron scales its own MTP loss)."""
+    if not isinstance(output, torch.Tensor):
+        raise UnsupportedModelError(
+            "mtp_hooks: the policy trains MTP toward the policy's own distribution, which rides "
+            f"on the model's output into the backward, but this forward returned a "
+            f"{type(output).__name__}, not a tensor. Use objective 'ce' for this model"
+        )
+    return _mtp.MTPLossAutoScaler.apply(output, loss)
+
+
+def objective_loss(model: Any, call: Call, policy: torch.Tensor) -> torch.Tensor:
+    """The objective of every depth against ``policy``'s logits ``[s, b, v]``, weighted and
+    normalised as ``process_mtp_loss`` weights its cross-entropy (a scalar)."""
+    request, depths = call.request, len(call.drafts)
+    cp_group, psp = model.cp_group, request.packed_seq_params
+
+    def roll(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        rolled, total = _mtp.roll_tensor(
+            tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
+        )
+        return rolled, total
+
+    group = _vocab_group(model, request.runtime_gather_output)
+    with torch.no_grad():
+        target = _log_softmax(policy.detach().float() / call.temperature, group)
+        target = target.permute(1, 2, 0)  # [b, v, s]: megatron rolls the last dimension
+        mask = request.loss_mask
+        if request.labels is None:  # megatron derives the labels, and rolls the mask once
+            assert request.input_ids is not None  # else megatron computes no MTP loss
+            mask, _ = roll(torch.ones_like(request.input_ids) if mask is None else mask)
+        elif mask is None:
+            mask = torch.ones_like(request.labels)
+        original = mask.sum()
+    scale = call.factor / depths
+    per_token = bool(getattr(model.config, "calculate_per_token_loss", False))
+    total = policy.new_zeros((), dtype=torch.float32)
+    for log_q in call.drafts:
+        with torch.no_grad():
+            target, _ = roll(target)
+            mask, count = roll(mask)
+            log_p = target.permute(2, 0, 1)  # [s, b, v], position i: the policy at i + depth
+        if call.kind == "kl":  # sum p (log p - log q): its gradient in the logits is (q - p) / T
+            per = torch.sum(log_p.exp() * (log_p - log_q), dim=-1)
+        else:  # sum |q - p| / 2
+            per = torch.sum((log_q.exp() - log_p.exp()).abs(), dim=-1) / 2
+        loss = torch.sum(mask.t().float() * _sum_over(per, group))
+        if per_token:
+            total = total + scale * loss * (original / count.clamp(min=1))
+        else:
+            total = total + scale * loss / count.clamp(min=1)
+    return total
+
+
+def _vocab_group(model: Any, gather: bool | None) -> Any:
+    """The tensor-parallel group the vocabulary is split over, or ``None`` when each rank has
+    all of it (gathered logits, or one rank)."""
+    sharded = (not gather) if gather is not None else not model.output_layer.gather_output
+    group = getattr(model, "tp_group", None)
+    if not sharded or group is None or torch.distributed.get_world_size(group) == 1:
+        return None
+    return group
+
+
+def _all_reduce(tensor: torch.Tensor, group: Any, op: Any = None) -> torch.Tensor:
+    torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM, group=group)
+    return tensor
+
+
+def _log_softmax(logits: torch.Tensor, group: Any) -> torch.Tensor:
+    """``log_softmax`` over the last dimension, which may be split over ``group``."""
+    if group is None:
+        return torch.log_softmax(logits, dim=-1)
+    out: torch.Tensor = _VocabParallelLogSoftmax.apply(logits, group)
+    return out
+
+
+def _sum_over(partial: torch.Tensor, group: Any) -> torch.Tensor:
+    """Sums of vocabulary shards (each rank's partial sum) added over ``group``."""
+    if group is None:
+        return partial
+    out: torch.Tensor = _SumOverShards.apply(partial, group)
+    return out
+
+
+class _VocabParallelLogSoftmax(torch.autograd.Function):
+    """``log_softmax`` of logits split along the vocabulary over a tensor-parallel group."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, group: Any) -> torch.Tensor:
+        top = logits.max(dim=-1, keepdim=True).values
+        shifted = logits - _all_reduce(top, group, torch.distributed.ReduceOp.MAX)
+        out = shifted - _all_reduce(shifted.exp().sum(dim=-1, keepdim=True), group).log()
+        ctx.save_for_backward(out)
+        ctx.group = group
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        (out,) = ctx.saved_tensors
+        total = _all_reduce(grad.sum(dim=-1, keepdim=True), ctx.group)
+        return grad - out.exp() * total, None
+
+
+class _SumOverShards(torch.autograd.Function):
+    """An all-reduce sum whose gradient passes through unchanged: each rank's shard
+    contributes its own part of the sum."""
+
+    @staticmethod
+    def forward(ctx: Any, partial: torch.Tensor, group: Any) -> torch.Tensor:
+        return _all_reduce(partial.clone(), group)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        return grad, None

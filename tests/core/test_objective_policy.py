@@ -1,0 +1,86 @@
+"""The MTP objective in the policy (``+objective:kl``, TOML ``objective``, ``temperature``):
+syntax, validation and what the decision carries."""
+
+from __future__ import annotations
+
+import pytest
+
+import mtp_hooks
+from mtp_hooks import _policy_entry
+
+
+@pytest.mark.parametrize(
+    ("policy", "objective", "temperature"),
+    [
+        ("train=run+detach+objective:kl", "kl", 1.0),
+        ("train = RUN + objective : TV + detach", "tv", 1.0),
+        ("train=run:0.3+objective:kl+metrics+detach", "kl", 1.0),
+        ({"train": {"mtp": "run", "detach": True, "objective": "kl"}}, "kl", 1.0),
+        (
+            {"train": {"mtp": "run", "detach": True, "objective": "tv", "temperature": 0.5}},
+            "tv",
+            0.5,
+        ),
+        ({"train": {"mtp": "auto", "detach": True, "objective": "kl", "temperature": 2}}, "kl", 2),
+    ],
+)
+def test_an_objective_rides_on_a_detached_run_in_any_order_and_form(policy, objective, temperature):
+    mtp_hooks.configure(policy)
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.run, decision.detach) == (True, True)
+    assert (decision.objective, decision.temperature) == (objective, temperature)
+    assert mtp_hooks.decide(None, "eval").objective is None
+
+
+def test_ce_is_megatrons_own_loss_and_needs_no_detach():
+    mtp_hooks.configure("train=run+objective:ce")
+    decision = mtp_hooks.decide(None, "train")
+    assert decision.run and decision.objective is None and not decision.detach
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"),
+    [
+        ("train=run+objective:kl", r"write 'run\+detach\+objective:kl'"),
+        ({"train": {"mtp": "run", "objective": "tv"}}, r"write 'run\+detach\+objective:tv'"),
+        ({"train": {"mtp": "run", "detach": False, "objective": "kl"}}, "never train the trunk"),
+        ("train=skip+objective:kl", r"'\+objective:kl' needs MTP to run"),
+        ("train=run+detach+objective:js", "unknown MTP objective 'js'"),
+        ("train=run+detach+objective", r"unknown option '\+objective'"),
+        ("train=run+detach+objective:kl+objective:tv", r"give '\+objective' once"),
+        ({"train": {"mtp": "run", "temperature": 0.5}}, "'temperature' is the temperature of"),
+        (
+            {"train": {"mtp": "run", "detach": True, "objective": "ce", "temperature": 0.5}},
+            "'temperature' is the temperature of",
+        ),
+        (
+            {"train": {"mtp": "run", "detach": True, "objective": "kl", "temperature": 0}},
+            "finite and above 0",
+        ),
+        (
+            {"train": {"mtp": "run", "detach": True, "objective": "kl", "temperature": True}},
+            "'temperature' is a number",
+        ),
+        (
+            {"train": {"mtp": "run", "detach": True, "objective": "kl", "temperature": "1"}},
+            "'temperature' is a number",
+        ),
+        ({"train": {"mtp": "run", "detach": True, "objective": 3}}, "unknown MTP objective 3"),
+    ],
+)
+def test_a_bad_objective_is_refused_naming_the_fix_and_the_policy_stays(policy, message):
+    mtp_hooks.configure("train=run")
+    with pytest.raises(mtp_hooks.PolicyError, match=message):
+        mtp_hooks.configure(policy)
+    decision = mtp_hooks.decide(None, "train")
+    assert decision.run and decision.objective is None and not decision.detach
+
+
+def test_an_objective_spells_back_in_the_compact_grammar():
+    mtp_hooks.configure("train=run:0.5+detach+objective:tv")
+    entry = mtp_hooks._sources.lookup(None, "train")
+    assert entry is not None
+    spelled = _policy_entry.spell(entry)
+    assert spelled == "run:0.5+detach+objective:tv"
+    mtp_hooks.configure(f"train={spelled}")
+    assert mtp_hooks.decide(None, "train").objective == "tv"
