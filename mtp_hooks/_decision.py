@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from . import _phase_catalogue, _phases, _policy, _roles, _runtime, _sources
-from ._errors import PolicyConflictError
+from ._errors import PolicyConflictError, PolicyError
 from ._plugin_registry import registry as _registry
 
 logger = logging.getLogger("mtp_hooks")
@@ -60,6 +60,7 @@ class Decision:
             next-token distribution (``+objective:kl``), else ``None``: megatron's
             cross-entropy against the labels.
         temperature: The temperature of both distributions under ``objective``.
+        objective_by: Who set ``objective``: ``"config"`` or the plugins' names, else ``None``.
     """
 
     run: bool
@@ -79,6 +80,7 @@ class Decision:
     plugin_masks: bool = True
     objective: str | None = None
     temperature: float = 1.0
+    objective_by: str | None = None
 
     @property
     def decided_by(self) -> str:
@@ -112,6 +114,28 @@ def _with_plugin_loss_scale(
         return decision
     weight = next(iter(scales.values()))
     return replace(decision, loss_scale=weight, loss_scale_by=",".join(scales))
+
+
+def _with_plugin_objective(
+    decision: Decision, model: Any, phase: Any, role: str | None
+) -> Decision:
+    answers = dict(sorted(_registry().objective_answers(model, phase)))
+    if len(set(answers.values())) > 1:
+        listed = ", ".join(f"{name}={answer}" for name, answer in answers.items())
+        settle = ("run+detach+objective:kl", "run+detach+objective:kl")
+        raise PolicyConflictError(_conflict("the MTP objective", role, str(phase), listed, settle))
+    objective = next(iter(answers.values()), "ce")
+    if objective == "ce":
+        return decision
+    names = ",".join(answers)
+    if not decision.detach:
+        raise PolicyError(
+            f"plugin {names} asks MTP to train toward the policy's own distribution "
+            f"(objective {objective!r}) in phase {str(phase)!r}, which must never train the trunk, "
+            "but this forward is not detached. Detach it (the policy's '+detach', or a plugin's "
+            "mtp_detach_heads), or answer 'ce'"
+        )
+    return replace(decision, objective=objective, objective_by=names)
 
 
 def _with_plugin_detach(decision: Decision, model: Any, phase: Any, role: str | None) -> Decision:
@@ -209,9 +233,18 @@ def decide_normalized(
         elif _registry().implements("mtp_detach_heads"):
             decision = _with_plugin_detach(decision, model, phase, role)
             cacheable = False  # an answer may follow the drafter's acceptance
-        if entry is not None and entry.objective in ("kl", "tv"):
-            temperature = 1.0 if entry.temperature is None else entry.temperature
-            decision = replace(decision, objective=entry.objective, temperature=temperature)
+        if entry is not None and entry.objective is not None:
+            if entry.objective != "ce":
+                temperature = 1.0 if entry.temperature is None else entry.temperature
+                decision = replace(
+                    decision,
+                    objective=entry.objective,
+                    temperature=temperature,
+                    objective_by="config",
+                )
+        elif _registry().implements("mtp_objective"):
+            decision = _with_plugin_objective(decision, model, phase, role)
+            cacheable = False  # an answer may follow the policy's entropy
         if entry is not None and (entry.mask is not None or entry.plugin_masks is False):
             ignore = _policy.IGNORE_INDEX if entry.ignore_index is None else entry.ignore_index
             decision = replace(

@@ -53,8 +53,8 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
         if decision.objective is not None:
             lines.append(
                 f"objective: {decision.objective} against the policy's own next-token "
-                f"distribution at temperature {decision.temperature:g} (megatron's "
-                "cross-entropy still runs, at weight 0)"
+                f"distribution at temperature {decision.temperature:g}, from "
+                f"{decision.objective_by} (megatron's cross-entropy still runs, at weight 0)"
             )
         if decision.run:
             masks = []

@@ -20,6 +20,7 @@ from . import _env, _runtime, hookspecs
 from ._errors import PluginError, PolicyError, UnknownPluginError
 from ._plugin_checks import all_cacheable, check_plugin, declared_phases
 from ._weights import check_loss_scale
+from .hookspecs import OBJECTIVES
 
 ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
 ENV_DISABLE = "MTP_HOOKS_DISABLE"
@@ -117,8 +118,8 @@ class PluginRegistry:
             raise PluginError(
                 f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not define: "
                 f"{exc}. Known hooks: should_run_mtp, mtp_loss_scale, mtp_detach_heads, "
-                "mtp_loss_mask, mtp_metrics, declare_phases. Fix the name, or disable the "
-                f"plugin with {ENV_DISABLE}={name}."
+                "mtp_objective, mtp_loss_mask, mtp_metrics, declare_phases. Fix the name, or "
+                f"disable the plugin with {ENV_DISABLE}={name}."
             ) from exc
 
     # -- registration ------------------------------------------------------------------------
@@ -206,6 +207,21 @@ class PluginRegistry:
         plugin that did not abstain (validated like :meth:`votes`)."""
         answers = self._answers("mtp_detach_heads", model, phase)
         return [(n, a) for n, a in answers if _check_vote(n, "mtp_detach_heads", a) is not None]
+
+    def objective_answers(self, model: Any, phase: Any) -> list[tuple[str, str]]:
+        """Call ``mtp_objective`` on every plugin; return ``(plugin name, objective)`` for each
+        plugin that did not abstain, its answer one of ``"ce"``, ``"kl"``, ``"tv"``."""
+        answers = []
+        for name, answer in self._answers("mtp_objective", model, phase):
+            if answer is None:
+                continue
+            if answer not in OBJECTIVES:
+                raise PolicyError(
+                    f"plugin {name!r}: mtp_objective returned {answer!r}; it must return "
+                    "'ce', 'kl', 'tv' or None (abstain)"
+                )
+            answers.append((name, answer))
+        return answers
 
     def loss_masks(self, model: Any, phase: Any, **tensors: Any) -> list[tuple[str, Any]]:
         """Call ``mtp_loss_mask`` on every plugin with ``tensors`` (``loss_mask``, ``labels``,

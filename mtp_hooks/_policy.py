@@ -20,6 +20,7 @@ from . import _phase_catalogue
 from ._errors import PolicyError
 from ._policy_entry import VALUES, Key, PolicyEntry
 from ._weights import check_loss_scale, parse_loss_scale
+from .hookspecs import OBJECTIVES
 
 __all__ = ["IGNORE_INDEX", "parse_policy"]
 
@@ -37,7 +38,6 @@ _GRAMMAR = re.compile(
 )
 OPTIONS = ("metrics", "detach")
 MASKS = ("labels",)  # the mask sources of '+mask:SOURCE' (TOML mask = "SOURCE")
-OBJECTIVES = ("ce", "kl", "tv")  # '+objective:NAME' (TOML objective = "NAME")
 _NAMED = ("mask", "objective")  # the options that take ':NAME'
 IGNORE_INDEX = -100  # torch's cross-entropy default, and what megatron's datasets write
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # labels are int64: a label outside can never match

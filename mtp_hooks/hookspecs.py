@@ -24,6 +24,11 @@ hookspec = pluggy.HookspecMarker(PROJECT_NAME)
 hookimpl = pluggy.HookimplMarker(PROJECT_NAME)
 
 
+OBJECTIVES = ("ce", "kl", "tv")
+"""What MTP may train toward: the answers of :func:`mtp_objective`, and the names of the
+policy's ``+objective:NAME``."""
+
+
 @hookspec
 def should_run_mtp(model: torch.nn.Module | None, phase: PhaseLike) -> bool | None:
     """Vote on whether ``model`` runs its MTP block in ``phase``.
@@ -150,6 +155,43 @@ def mtp_detach_heads(model: torch.nn.Module | None, phase: PhaseLike) -> bool | 
                 @hookimpl
                 def mtp_detach_heads(self, model, phase):
                     return True if phase == Phase.TRAIN else None
+    """
+
+
+@hookspec
+def mtp_objective(model: torch.nn.Module | None, phase: PhaseLike) -> str | None:
+    """Say what a forward that runs MTP trains it toward: ``"ce"``, ``"kl"`` or ``"tv"``.
+
+    ``"ce"`` is megatron's cross-entropy against the labels; ``"kl"`` and ``"tv"`` train each
+    depth toward the policy's own detached next-token distribution (self-distillation, or
+    total variation) at temperature 1. Consulted when MTP runs and the policy config names no
+    objective (``train=run+detach+objective:kl`` does). It combines like
+    :func:`mtp_detach_heads`: agreeing answers apply, different ones raise
+    :class:`mtp_hooks.PolicyConflictError`, ``None`` abstains. ``"kl"`` and ``"tv"`` need the
+    forward detached (``+detach``, or :func:`mtp_detach_heads`); without, the answer is a
+    :class:`mtp_hooks.PolicyError` before the forward changes anything.
+
+    Args:
+        model: As for :func:`should_run_mtp`.
+        phase: As for :func:`should_run_mtp`.
+
+    Returns:
+        ``"ce"``, ``"kl"``, ``"tv"`` or ``None``.
+
+    Example:
+        .. code-block:: python
+
+            from mtp_hooks import Phase
+            from mtp_hooks.plugins import hookimpl
+
+            class SampledRollouts:
+                @hookimpl
+                def mtp_detach_heads(self, model, phase):
+                    return True if phase == Phase.TRAIN else None
+
+                @hookimpl
+                def mtp_objective(self, model, phase):
+                    return "kl" if phase == Phase.TRAIN else None
     """
 
 

@@ -40,6 +40,9 @@ class Answers:
     def mtp_detach_heads(self, model, phase):
         return self.answer(model, phase)
 
+    def mtp_objective(self, model, phase):
+        return self.answer(model, phase)
+
     def mtp_loss_mask(self, model, phase, loss_mask, labels, input_ids):
         return self.answer(model, phase, loss_mask, labels, input_ids)
 

@@ -205,3 +205,17 @@ def test_an_interrupted_call_leaves_no_hook_and_the_next_one_trains(deep, batch)
     assert not model.output_layer._forward_hooks
     _, grads = train_step(model, batch)
     assert all(grads[n] is not None for n in grads if n.startswith("mtp."))
+
+
+def test_a_plugins_objective_trains_as_the_same_objective_from_the_config(deep, batch):
+    from plugin_answers import answers
+
+    model = deep(seed=8)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run+detach+objective:kl")
+    _, configured = train_step(model, batch)
+    configured = {n: g.clone() for n, g in configured.items()}
+    mtp_hooks.configure("train=run+detach")
+    answers("mtp_objective", "kl", name="sampler")
+    _, chosen = train_step(model, batch)
+    assert all(torch.equal(configured[n], chosen[n]) for n in configured)

@@ -8,6 +8,8 @@ import pytest
 import mtp_hooks
 from mtp_hooks import _policy_entry
 
+from plugin_answers import answers
+
 
 @pytest.mark.parametrize(
     ("policy", "objective", "temperature"),
@@ -84,3 +86,46 @@ def test_an_objective_spells_back_in_the_compact_grammar():
     assert spelled == "run:0.5+detach+objective:tv"
     mtp_hooks.configure(f"train={spelled}")
     assert mtp_hooks.decide(None, "train").objective == "tv"
+
+
+def test_a_plugin_chooses_the_objective_where_the_config_names_none():
+    answers("mtp_detach_heads", True, name="drafter")
+    sampler = answers("mtp_objective", "kl", name="sampler")
+    mtp_hooks.configure("train=run")
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.objective, decision.objective_by, decision.temperature) == (
+        "kl",
+        "sampler",
+        1.0,
+    )
+    sampler.value = "ce"
+    assert mtp_hooks.decide(None, "train").objective is None
+    mtp_hooks.configure("train=run+detach+objective:tv")  # the config names one: not asked
+    calls = len(sampler.calls)
+    assert mtp_hooks.decide(None, "train").objective_by == "config"
+    assert len(sampler.calls) == calls
+    assert "from config" in mtp_hooks.explain(None, "train")
+
+
+def test_plugins_that_disagree_on_the_objective_raise_a_conflict_naming_both():
+    answers("mtp_detach_heads", True, name="drafter")
+    answers("mtp_objective", "kl", name="a")
+    answers("mtp_objective", "tv", name="b")
+    mtp_hooks.configure("train=run")
+    with pytest.raises(mtp_hooks.PolicyConflictError, match="a=kl, b=tv"):
+        mtp_hooks.decide(None, "train")
+
+
+@pytest.mark.parametrize("bad", ["KL", "js", 1, True])
+def test_a_plugin_objective_outside_ce_kl_tv_is_refused_naming_the_plugin(bad):
+    answers("mtp_objective", bad, name="odd")
+    mtp_hooks.configure("train=run")
+    with pytest.raises(mtp_hooks.PolicyError, match="plugin 'odd': mtp_objective returned"):
+        mtp_hooks.decide(None, "train")
+
+
+def test_a_plugin_objective_on_an_undetached_forward_is_refused_naming_the_fix():
+    answers("mtp_objective", "tv", name="sampler")
+    mtp_hooks.configure("train=run")
+    with pytest.raises(mtp_hooks.PolicyError, match=r"plugin sampler .* not detached\. Detach"):
+        mtp_hooks.decide(None, "train")
