@@ -219,3 +219,61 @@ def test_a_plugins_objective_trains_as_the_same_objective_from_the_config(deep, 
     answers("mtp_objective", "kl", name="sampler")
     _, chosen = train_step(model, batch)
     assert all(torch.equal(configured[n], chosen[n]) for n in configured)
+
+
+def by_hand_packed(kind, drafts, policy, mask, cuts, factor):
+    """:func:`by_hand` for one row of packed sequences: nothing crosses a boundary in ``cuts``
+    (megatron rolls each sequence on its own, and zero-fills its end)."""
+    total = torch.zeros((), dtype=torch.float64)
+    p_all = torch.softmax(policy.detach().double(), dim=-1)[:, 0]  # [s, v]
+    for depth, draft in enumerate(drafts, start=1):
+        log_q = torch.log_softmax(draft.double(), dim=-1)[:, 0]
+        rolled = torch.zeros(mask.shape[1], dtype=torch.float64)
+        per = torch.zeros(mask.shape[1], dtype=torch.float64)
+        for start, end in zip(cuts[:-1], cuts[1:], strict=True):
+            for i in range(start, end - depth):
+                rolled[i] = mask[0, i + depth]
+                p = p_all[i + depth]
+                if kind == "kl":
+                    per[i] = torch.sum(p * (p.log() - log_q[i]))
+                else:
+                    per[i] = torch.sum((log_q[i].exp() - p).abs()) / 2
+        total = total + factor / len(drafts) * torch.sum(rolled * per) / rolled.sum().clamp(min=1)
+    return total
+
+
+@pytest.mark.parametrize("kind", ["kl", "tv"])
+def test_under_packed_sequences_no_target_crosses_a_sequence_boundary(kind):
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=128, mtp_num_layers=DEPTHS)
+    tiny_models.reset_mtp_loss_tracker(num_layers=DEPTHS)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(14)
+        model = tiny_models.build_gpt(spec, attention="sdpa")  # thd-capable on the CPU
+        mtp_hooks.clip_mtp_apart(model)
+        models.append(model)
+    hooked, reference = models
+    cuts = [0, 7, SEQ]  # two sequences in one row
+    cu = torch.tensor(cuts, dtype=torch.int32)
+    packed = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=9, max_seqlen_kv=9
+    )
+    ids = torch.randint(0, 128, (1, SEQ), generator=torch.Generator().manual_seed(15))
+    pos = torch.cat([torch.arange(7), torch.arange(SEQ - 7)]).unsqueeze(0)
+    mask = torch.ones(1, SEQ)
+    mask[0, 2:5] = 0  # the first sequence's prompt
+    kwargs = {"packed_seq_params": packed, "labels": torch.roll(ids, -1, 1), "loss_mask": mask}
+    mtp_hooks.configure(f"train=run+detach+objective:{kind}")
+    mtp_hooks.attach(hooked)
+    hooked.train()
+    hooked(ids, pos, None, **kwargs).sum().backward()
+    got = mtp_grads(hooked)
+
+    reference.train()
+    loss, drafts, logits = projections(reference, lambda: reference(ids, pos, None, **kwargs))
+    factor = hooked.config.mtp_loss_scaling_factor  # projections() set the reference's to 0
+    (loss.sum() + by_hand_packed(kind, drafts, logits, mask, cuts, factor)).backward()
+    want = mtp_grads(reference)
+    assert want and all(torch.allclose(got[n], want[n], rtol=1e-4, atol=1e-7) for n in want)

@@ -311,9 +311,12 @@ def _no_group():
     return groups[torch.distributed.get_rank()]
 
 
-def _cp_model(cp: int = 2):
+def _cp_model(cp: int = 2, depths: int = 1):
     spec = tiny_models.TinySpec(
-        seq_length=SEQ, vocab_size=VOCAB, extra={"context_parallel_size": cp}
+        seq_length=SEQ,
+        vocab_size=VOCAB,
+        mtp_num_layers=depths,
+        extra={"context_parallel_size": cp},
     )
     torch.manual_seed(0)
     return tiny_models.build_gpt(spec, attention="sdpa")  # the demo's attention gathers CP

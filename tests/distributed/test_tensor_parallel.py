@@ -132,3 +132,21 @@ def test_tp2_each_objective_trains_each_vocabulary_shard_as_a_whole_vocabulary_r
             figures = result[kind]
             assert figures["sharded"] and figures["close"] and figures["trunk_as_skip"], kind
             assert figures["largest"] > 1e-6, kind
+
+
+@pytest.mark.skipif(
+    not __import__("model_fixtures").has_detach_field(),
+    reason="kl and tv need +detach: megatron-core 0.19's mtp_detach_heads",
+)
+def test_under_cp2_each_ranks_objective_takes_its_targets_across_the_chunks(tmp_path):
+    import _objective_scenarios
+
+    results = run_ranks(_objective_scenarios.objective_under_cp, world=2, tp=1, cp=2, tmp=tmp_path)
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        for kind in ("kl", "tv"):
+            figures = result[kind]
+            assert figures["local_seq"] == _scenarios.SEQ // 2
+            assert figures["carried"] == "MTPLossAutoScalerBackward" and figures["trained"]
+            assert figures["want"] > 1e-4, kind
+            assert abs(figures["value"] - figures["want"]) <= 1e-5 * figures["want"], figures
