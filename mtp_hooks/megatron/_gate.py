@@ -116,6 +116,7 @@ class MTPGate:
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
         self.recorder: _recorder.Recorder | None = None  # made by the first +metrics plan
         self.objectives: _objectives.Objectives | None = None  # by the first +objective call
+        self.hooked = False  # either exists: the post-hook's one check for both
         self.views = Views()  # the configs skipped and re-weighted calls run with
         self.lock = threading.Lock()
         self.removed = False
@@ -273,11 +274,14 @@ class MTPGate:
                 plan = cached
         if plan.masking or (_open_blocks[0] and plan.run and _loss_masks.context_masks()):
             _loss_masking.apply(self.lock, module, plan, args, kwargs)  # before +metrics reads it
-        if plan.metrics:  # +metrics: ask model.mtp's output to be measured
-            self.recorder = self.recorder or _recorder.Recorder(module)
-            self.recorder.request(module, plan.phase, args, kwargs)
-        if plan.objective is not None and _grad_enabled():  # +objective: hook the projections
-            self._request_objective(module, plan, args, kwargs)
+        if plan.hooked:  # one flag on the hot path for the two rarer options
+            if plan.metrics:  # +metrics: ask model.mtp's output to be measured
+                self.recorder = self.recorder or _recorder.Recorder(module)
+                self.recorder.request(module, plan.phase, args, kwargs)
+                self.hooked = True
+            if plan.objective is not None and _grad_enabled():  # +objective: the projections
+                self._request_objective(module, plan, args, kwargs)
+                self.hooked = True
         return plan
 
     def _request_objective(
@@ -325,11 +329,12 @@ class MTPGate:
                     lock.release()
             if self.removed:
                 self._finish_removal()
-        if self.recorder is not None:
-            self.recorder.end(module, completed=output is not None)
-        if self.objectives is not None and (loss := self.objectives.end()) is not None:
-            if output is not None:  # the objective rides on the output into the backward
-                return _objectives.attach(output, loss)
+        if self.hooked:
+            if self.recorder is not None:
+                self.recorder.end(module, completed=output is not None)
+            if self.objectives is not None and (loss := self.objectives.end()) is not None:
+                if output is not None:  # the objective rides on the output into the backward
+                    return _objectives.attach(output, loss)
         if top is not None and top[_SETTLE] and output is not None:
             return self.ddp.after_skipped_forward(output)
         return None

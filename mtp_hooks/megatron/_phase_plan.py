@@ -61,6 +61,8 @@ class PhasePlan:
     objective: tuple[str, float] | None = None
     """``(kind, temperature)`` when MTP trains toward the policy (``+objective:kl``): megatron's
     own weight is 0 for the call and :mod:`._objectives` adds the objective, else ``None``."""
+    hooked: bool = False
+    """``metrics`` or ``objective``: the call opens a hook of its own (read per call)."""
 
     def plainly(self, run: bool) -> PhasePlan:
         """This plan with ``run`` and none of its options: what a standalone layout's loss
@@ -76,6 +78,7 @@ class PhasePlan:
             ignore_index=None,
             masking=False,
             objective=None,
+            hooked=False,
         )
 
 
@@ -137,6 +140,7 @@ def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:
         ignore_index=ignore,
         masking=masks or ignore is not None,
         objective=objective,
+        hooked=decision.metrics or objective is not None,
     )
     if cacheable:
         gate.cache[phase] = made
