@@ -27,6 +27,14 @@ class MTPMetrics:
             verify step over these tokens (``0`` to the MTP depth), the engine's own figure:
             it verifies at a region's first position and goes on after the tokens it accepted,
             so a position inside an accepted chain is never a verify step.
+        sampled_acceptance: Per depth, the mean probability the policy gives the depth's draft
+            at the position it drafts for: the acceptance of an engine that samples the target
+            at temperature 1 and accepts only an exact match (megatron's). Empty where nothing
+            recorded it (figures from an engine's counters).
+        sampled_chain_acceptance: Per depth ``k``, the mean product of those probabilities for
+            depths ``1..k``: the chance a sampling engine accepts the first ``k`` drafts.
+        sampled_accepted_length: Their sum: the draft tokens a sampling engine expects to
+            accept per position, or ``None`` where nothing recorded it.
 
     Example:
         >>> from mtp_hooks import MTPMetrics
@@ -41,3 +49,6 @@ class MTPMetrics:
     forwards: int
     chain_acceptance: tuple[float, ...] = ()
     accepted_length: float = 0.0
+    sampled_acceptance: tuple[float, ...] = ()
+    sampled_chain_acceptance: tuple[float, ...] = ()
+    sampled_accepted_length: float | None = None

@@ -25,7 +25,7 @@ from ..hookspecs import hookimpl
 if TYPE_CHECKING:
     import torch
 
-METRICS = ("accepted_length", "acceptance", "chain_acceptance")
+METRICS = ("accepted_length", "acceptance", "chain_acceptance", "sampled_accepted_length")
 MAX_WINDOW = 1_000_000  # updates pooled at most: far beyond any run's, and a deque can hold it
 
 
@@ -46,8 +46,10 @@ class AcceptanceController:
         target: The value of ``metric`` the drafter should reach.
         below: The MTP loss weight while the pooled metric is below ``target``.
         above: The weight once it is at or above ``target``; ``None`` skips MTP then.
-        metric: ``"accepted_length"`` (mean greedy chain length, the default),
-            ``"acceptance"`` or ``"chain_acceptance"`` (at ``depth``).
+        metric: ``"accepted_length"`` (greedy drafts accepted per verify step, the default),
+            ``"acceptance"`` or ``"chain_acceptance"`` (at ``depth``), or
+            ``"sampled_accepted_length"`` (drafts a sampling engine expects to accept, from
+            ``+metrics`` alone: no rollout needed; an engine's counters do not carry it).
         depth: The MTP depth that ``acceptance``/``chain_acceptance`` read (1 = first).
         window: How many :meth:`update` calls' figures are pooled for a decision (1 to
             1,000,000).
@@ -141,20 +143,31 @@ class AcceptanceController:
                     "(from handle.metrics(), a recorded forward, or acceptance_from_counts)"
                 )
         batch, self.pending = [*self.pending, *metrics], []
-        usable = [
-            m for m in batch if self.metric == "accepted_length" or len(m.tokens) >= self.depth
-        ]
+        whole = ("accepted_length", "sampled_accepted_length")
+        usable = [m for m in batch if self.metric in whole or len(m.tokens) >= self.depth]
+        unsampled = self.metric == "sampled_accepted_length" and any(
+            m.tokens and m.sampled_accepted_length is None for m in usable
+        )
         # A figure that is not finite (a NaN from an empty or broken forward) is ignored: it
         # never enters the window and never counts as reaching the target.
         pooled_each = [
             (v, w) for v, w in map(self._pooled, usable) if math.isfinite(v) and math.isfinite(w)
         ]
+        pooled_each = [] if unsampled else pooled_each
         total = (
             sum(v for v, _ in pooled_each),
             sum(w for _, w in pooled_each),
             float(len(batch) - len(usable)),  # figures of a model shallower than ``depth``
+            float(unsampled),  # figures without a sampled acceptance (an engine's counts)
         )
-        value_sum, weight, shallow = _reduce(total, self.group)
+        value_sum, weight, shallow, unsampled_ranks = _reduce(total, self.group)
+        if unsampled_ranks:  # on every rank alike: the count went through the collective
+            raise PolicyError(
+                "AcceptanceController: sampled_accepted_length was asked for, but figures "
+                "without it were given (an engine's counters, from acceptance_from_counts or "
+                "acceptance_from_megatron, carry none); record with +metrics, or watch "
+                "accepted_length"
+            )
         if shallow:  # on every rank alike: the count went through the collective
             raise PolicyError(
                 f"AcceptanceController: {self.metric} at depth {self.depth} was asked for, but "
@@ -178,6 +191,8 @@ class AcceptanceController:
             return (0.0, 0.0)
         if self.metric == "accepted_length":
             return (m.accepted_length * m.tokens[0], float(m.tokens[0]))
+        if self.metric == "sampled_accepted_length":
+            return ((m.sampled_accepted_length or 0.0) * m.tokens[0], float(m.tokens[0]))
         index = self.depth - 1
         values = m.acceptance if self.metric == "acceptance" else m.chain_acceptance
         return (values[index] * m.tokens[index], float(m.tokens[index]))

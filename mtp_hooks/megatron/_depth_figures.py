@@ -16,6 +16,7 @@ import torch
 from megatron.core.transformer import multi_token_prediction as _mtp
 
 from .._metrics import MTPMetrics
+from . import _vocab_parallel
 from ._engine_walk import engine_walk
 
 
@@ -40,7 +41,22 @@ class Request:
 # engine's walk over the positions (see ``engine_walk``).
 _LOSS, _CORRECT, _TOKENS, _CHAIN, _CHAIN_POSITIONS, _MASK_SUM = range(6)
 _WALK_ACCEPTED, _WALK_STEPS = 6, 7
-ROWS = 8
+# Then per depth, under verification of a *sampled* target (:func:`sampled_values`): the
+# policy's probability of the depth's draft summed over the positions that count, the product
+# of those probabilities along the chain summed over the chained positions, and the two
+# position counts (zero when the forward never reached the policy's projection).
+_SAMPLED, _SAMPLED_CHAIN, _SAMPLED_POSITIONS, _SAMPLED_CHAIN_POSITIONS = 8, 9, 10, 11
+ROWS = 12
+
+
+@dataclass
+class Drafts:
+    """What :func:`sampled_values` needs of one recorded forward, per depth: the top-1 drafts,
+    the positions that count, and the chained positions (each ``[s, b]``)."""
+
+    tokens: list[torch.Tensor]
+    valid: list[torch.Tensor]
+    present: list[torch.Tensor]
 
 
 def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
@@ -55,6 +71,12 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
     tokens = [int(n) for n in values[_TOKENS].tolist()]
     chain = (values[_CHAIN] / values[_CHAIN_POSITIONS].clamp(min=1)).tolist()
     accepted = float(values[_WALK_ACCEPTED, 0] / values[_WALK_STEPS, 0].clamp(min=1))
+    sampled: list[float] = []
+    sampled_chain: list[float] = []
+    if bool(values[_SAMPLED_POSITIONS].any()):  # the forwards reached the policy's projection
+        sampled = (values[_SAMPLED] / values[_SAMPLED_POSITIONS].clamp(min=1)).tolist()
+        positions = values[_SAMPLED_CHAIN_POSITIONS].clamp(min=1)
+        sampled_chain = (values[_SAMPLED_CHAIN] / positions).tolist()
     return MTPMetrics(
         loss=tuple(loss),
         acceptance=tuple(acceptance),
@@ -62,15 +84,19 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
         forwards=forwards,
         chain_acceptance=tuple(chain),
         accepted_length=accepted,
+        sampled_acceptance=tuple(sampled),
+        sampled_chain_acceptance=tuple(sampled_chain),
+        sampled_accepted_length=sum(sampled_chain) if sampled_chain else None,
     )
 
 
-def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> torch.Tensor:
+def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[torch.Tensor, Drafts]:
     """``[ROWS, depths]`` float32: the masked loss sum, top-1 hits and positions of each depth,
     computed the way ``process_mtp_loss`` computes them (same calls, same order), the chained
-    hits and positions, and the greedy engine's walk (:func:`engine_walk`). Depth ``d`` at
-    position ``i`` drafts token ``i + d + 1``, so a greedy chain from position ``i`` accepts
-    depths ``1..k`` when each of them hits at ``i``."""
+    hits and positions, and the greedy engine's walk (:func:`engine_walk`); and the drafts
+    :func:`sampled_values` reads once the policy's logits exist. Depth ``d`` at position ``i``
+    drafts token ``i + d + 1``, so a greedy chain from position ``i`` accepts depths ``1..k``
+    when each of them hits at ``i``."""
     depths = model.config.mtp_num_layers
     cp_group, psp = model.cp_group, request.packed_seq_params
 
@@ -91,6 +117,7 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> torch.Te
         scale: Callable[[torch.Tensor], torch.Tensor] | None = (
             model._scale_logits if getattr(model.config, "use_mup", False) else None
         )
+        drafts = Drafts([], [], [])
         rows = []
         chain: torch.Tensor | None = None  # [s, b]: every depth so far hit here
         present: torch.Tensor | None = None  # [s, b]: every depth so far has this position
@@ -106,13 +133,17 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> torch.Te
                 logits = scale(logits)
             labels, _ = roll(labels)
             mask, mask_sum = roll(mask)
+            draft = _top1(model, logits, request.runtime_gather_output)  # before the CE below
             loss = torch.sum(mask * model.compute_language_model_loss(labels, logits))
             valid = mask.t() != 0
-            hits = (_top1(model, logits, request.runtime_gather_output) == labels.t()) & valid
+            hits = (draft == labels.t()) & valid
             chain = hits if chain is None else chain & hits
             present = valid if present is None else present & valid
             run = chain.long() if run is None else run + chain.long()
             region = valid if region is None else region
+            drafts.tokens.append(draft)
+            drafts.valid.append(valid)
+            drafts.present.append(present)
             rows.append(
                 torch.stack(
                     [
@@ -122,7 +153,7 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> torch.Te
                         chain.sum().float(),
                         present.sum().float(),
                         mask_sum.float(),
-                        *torch.zeros(2, device=loss.device),
+                        *torch.zeros(ROWS - 6, device=loss.device),
                     ]
                 )
             )
@@ -130,6 +161,39 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> torch.Te
         if run is not None and region is not None:
             accepted, steps = engine_walk(run.t(), region.t())
             values[_WALK_ACCEPTED, 0], values[_WALK_STEPS, 0] = accepted, steps
+        return values, drafts
+
+
+def sampled_values(
+    model: Any, request: Request, drafts: Drafts, policy: torch.Tensor
+) -> torch.Tensor:
+    """``[ROWS, depths]``, zero but for the sampled rows: what an engine that samples the target
+    at temperature 1 and accepts a draft only when it equals the sampled token (megatron's
+    engine verifies so) accepts. A draft of depth ``d`` at ``i`` is accepted with the policy's
+    probability of it at ``i + d``, read from ``policy``, the logits megatron's own projection
+    of the forward gave (no projection of ours); a chain with the product along it."""
+    cp_group, psp = model.cp_group, request.packed_seq_params
+    depths = len(drafts.tokens)
+    with torch.no_grad():
+        if getattr(model.config, "use_mup", False):
+            policy = model._scale_logits(policy)
+        group = _vocab_parallel.group_of(model, request.runtime_gather_output)
+        target = _vocab_parallel.log_softmax(policy.float(), group).permute(1, 2, 0)  # [b, v, s]
+        values = torch.zeros(ROWS, depths, device=policy.device)
+        chain = None
+        for depth in range(depths):
+            target, _ = _mtp.roll_tensor(
+                target, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
+            )  # position i: the policy at i + depth + 1, which depth + 1 drafts for
+            accept = _vocab_parallel.probability_of(
+                target.permute(2, 0, 1), drafts.tokens[depth], group
+            )
+            chain = accept if chain is None else chain * accept
+            valid, present = drafts.valid[depth], drafts.present[depth]
+            values[_SAMPLED, depth] = (accept * valid).sum()
+            values[_SAMPLED_CHAIN, depth] = (chain * present).sum()
+            values[_SAMPLED_POSITIONS, depth] = valid.sum()
+            values[_SAMPLED_CHAIN_POSITIONS, depth] = present.sum()
         return values
 
 

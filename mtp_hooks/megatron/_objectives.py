@@ -22,8 +22,8 @@ next-token distribution at the position it drafts for, with no edit to megatron:
   output weight, so the objective trains the MTP weights alone and the policy's update stays
   that of a skip.
 
-Under tensor parallelism the logits may be split along the vocabulary; the softmaxes, the
-objective's sum and ``tv``'s backward then reduce over the tensor-parallel group.
+Under tensor parallelism the logits may be split along the vocabulary; the softmaxes and the
+objective's sums then reduce over the tensor-parallel group (:mod:`._vocab_parallel`).
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import torch
 from megatron.core.transformer import multi_token_prediction as _mtp
 
 from .._errors import UnsupportedModelError
+from . import _vocab_parallel
 from ._depth_figures import Request
 
 
@@ -90,11 +91,13 @@ class Objectives:
         logits = output[0]
         if getattr(model.config, "use_mup", False):
             logits = model._scale_logits(logits)  # as megatron scales what it trains on
-        group = _vocab_group(model, call.request.runtime_gather_output)
+        group = _vocab_parallel.group_of(model, call.request.runtime_gather_output)
         if len(call.drafts) < model.config.mtp_num_layers:
             # A depth's projection, inside process_mtp_loss. Taken now, as log-probabilities:
             # megatron's cross-entropy overwrites these logits in place right after.
-            call.drafts.append(_log_softmax(logits.float() / call.temperature, group))
+            call.drafts.append(
+                _vocab_parallel.log_softmax(logits.float() / call.temperature, group)
+            )
         elif call.loss is None:  # the policy's projection
             call.loss = objective_loss(model, call, logits)
             call.drafts.clear()
@@ -131,9 +134,9 @@ def objective_loss(model: Any, call: Call, policy: torch.Tensor) -> torch.Tensor
         )
         return rolled, total
 
-    group = _vocab_group(model, request.runtime_gather_output)
+    group = _vocab_parallel.group_of(model, request.runtime_gather_output)
     with torch.no_grad():
-        target = _log_softmax(policy.detach().float() / call.temperature, group)
+        target = _vocab_parallel.log_softmax(policy.detach().float() / call.temperature, group)
         target = target.permute(1, 2, 0)  # [b, v, s]: megatron rolls the last dimension
         mask = request.loss_mask
         if request.labels is None:  # megatron derives the labels, and rolls the mask once
@@ -154,72 +157,9 @@ def objective_loss(model: Any, call: Call, policy: torch.Tensor) -> torch.Tensor
             per = torch.sum(log_p.exp() * (log_p - log_q), dim=-1)
         else:  # sum |q - p| / 2
             per = torch.sum((log_q.exp() - log_p.exp()).abs(), dim=-1) / 2
-        loss = torch.sum(mask.t().float() * _sum_over(per, group))
+        loss = torch.sum(mask.t().float() * _vocab_parallel.sum_over(per, group))
         if per_token:
             total = total + scale * loss * (original / count.clamp(min=1))
         else:
             total = total + scale * loss / count.clamp(min=1)
     return total
-
-
-def _vocab_group(model: Any, gather: bool | None) -> Any:
-    """The tensor-parallel group the vocabulary is split over, or ``None`` when each rank has
-    all of it (gathered logits, or one rank)."""
-    sharded = (not gather) if gather is not None else not model.output_layer.gather_output
-    group = getattr(model, "tp_group", None)
-    if not sharded or group is None or torch.distributed.get_world_size(group) == 1:
-        return None
-    return group
-
-
-def _all_reduce(tensor: torch.Tensor, group: Any, op: Any = None) -> torch.Tensor:
-    torch.distributed.all_reduce(tensor, op=op or torch.distributed.ReduceOp.SUM, group=group)
-    return tensor
-
-
-def _log_softmax(logits: torch.Tensor, group: Any) -> torch.Tensor:
-    """``log_softmax`` over the last dimension, which may be split over ``group``."""
-    if group is None:
-        return torch.log_softmax(logits, dim=-1)
-    out: torch.Tensor = _VocabParallelLogSoftmax.apply(logits, group)
-    return out
-
-
-def _sum_over(partial: torch.Tensor, group: Any) -> torch.Tensor:
-    """Sums of vocabulary shards (each rank's partial sum) added over ``group``."""
-    if group is None:
-        return partial
-    out: torch.Tensor = _SumOverShards.apply(partial, group)
-    return out
-
-
-class _VocabParallelLogSoftmax(torch.autograd.Function):
-    """``log_softmax`` of logits split along the vocabulary over a tensor-parallel group."""
-
-    @staticmethod
-    def forward(ctx: Any, logits: torch.Tensor, group: Any) -> torch.Tensor:
-        top = logits.max(dim=-1, keepdim=True).values
-        shifted = logits - _all_reduce(top, group, torch.distributed.ReduceOp.MAX)
-        out = shifted - _all_reduce(shifted.exp().sum(dim=-1, keepdim=True), group).log()
-        ctx.save_for_backward(out)
-        ctx.group = group
-        return out
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        (out,) = ctx.saved_tensors
-        total = _all_reduce(grad.sum(dim=-1, keepdim=True), ctx.group)
-        return grad - out.exp() * total, None
-
-
-class _SumOverShards(torch.autograd.Function):
-    """An all-reduce sum whose gradient passes through unchanged: each rank's shard
-    contributes its own part of the sum."""
-
-    @staticmethod
-    def forward(ctx: Any, partial: torch.Tensor, group: Any) -> torch.Tensor:
-        return _all_reduce(partial.clone(), group)
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        return grad, None

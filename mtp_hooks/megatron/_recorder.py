@@ -24,7 +24,14 @@ from megatron.core.transformer import multi_token_prediction as _mtp
 
 from .._metrics import MTPMetrics
 from .._plugin_registry import registry as _registry
-from ._depth_figures import Request, add_by_depth, depth_values, to_metrics
+from ._depth_figures import (
+    Drafts,
+    Request,
+    add_by_depth,
+    depth_values,
+    sampled_values,
+    to_metrics,
+)
 
 __all__ = ["Recorder", "call_arguments", "derives_labels", "running_means", "takes_loss_mask"]
 
@@ -93,6 +100,10 @@ class Recorder:
         self.done: dict[int, tuple[Any, torch.Tensor]] = {}  # thread -> (phase, forward values)
         self.totals: dict[Any, tuple[torch.Tensor, int]] = {}  # phase -> (float64 sums, forwards)
         self.handle: torch.utils.hooks.RemovableHandle | None = None
+        # thread -> (request, drafts, megatron's MTP projections still to come) between the MTP
+        # block's output and the policy's projection, which the sampled figures read
+        self.waiting: dict[int, tuple[Request, Drafts, list[int]]] = {}
+        self.output_handle: torch.utils.hooks.RemovableHandle | None = None
 
     def request(
         self, model: Any, phase: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -110,6 +121,7 @@ class Recorder:
         """Drop this thread's request (left by a call interrupted before it ended)."""
         with self.lock:
             self.pending.pop(threading.get_ident(), None)
+            self.waiting.pop(threading.get_ident(), None)
             self._drop_hook_if_idle()
 
     def _on_mtp(self, block: torch.nn.Module, args: tuple[Any, ...], hidden: torch.Tensor) -> None:
@@ -119,15 +131,42 @@ class Recorder:
             self._drop_hook_if_idle()
         if request is None:
             return
-        model = self._model()
+        model: Any = self._model()
         if model is None:
             return
-        values = depth_values(model, request, hidden)
+        values, drafts = depth_values(model, request, hidden)
         with self.lock:
             sums, forwards = self.totals.get(request.phase, (None, 0))
             sums = values.double() if sums is None else sums + values.double()
             self.totals[request.phase] = (sums, forwards + 1)
             self.done[thread] = (request.phase, values)
+            # megatron projects each depth for its own loss, then the policy: wait for that one
+            self.waiting[thread] = (request, drafts, [model.config.mtp_num_layers])
+            if self.output_handle is None:
+                self.output_handle = model.output_layer.register_forward_hook(self._on_output)
+
+    def _on_output(self, layer: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+        thread = threading.get_ident()
+        with self.lock:
+            entry = self.waiting.get(thread)
+            if entry is None:
+                return
+            request, drafts, still = entry
+            if still[0] > 0:  # one of megatron's own MTP projections
+                still[0] -= 1
+                return
+            del self.waiting[thread]
+            self._drop_hook_if_idle()
+        model: Any = self._model()
+        if model is None:
+            return
+        extra = sampled_values(model, request, drafts, output[0])
+        with self.lock:
+            sums, forwards = self.totals[request.phase]
+            self.totals[request.phase] = (sums + extra.double(), forwards)
+            phase, values = self.done.get(thread, (request.phase, None))
+            if values is not None:
+                self.done[thread] = (phase, values + extra)
 
     def end(self, model: torch.nn.Module, completed: bool) -> None:
         """End this thread's forward: drop its unanswered request, and hand what a completed
@@ -143,6 +182,9 @@ class Recorder:
         if not self.pending and self.handle is not None:
             self.handle.remove()
             self.handle = None
+        if not self.waiting and self.output_handle is not None:
+            self.output_handle.remove()
+            self.output_handle = None
 
     def take(self, reset: bool) -> dict[Any, tuple[torch.Tensor, int]]:
         """The totals by phase, ``(float64 [ROWS, depths] sums, forwards)`` (see
@@ -158,6 +200,7 @@ class Recorder:
         new = object.__new__(Recorder)
         new.__dict__.update(self.__dict__)
         new.lock, new.pending, new.done, new.totals, new.handle = threading.Lock(), {}, {}, {}, None
+        new.waiting, new.output_handle = {}, None
         return new
 
 

@@ -405,3 +405,74 @@ def test_models_of_different_depth_on_one_handle_add_up_depth_by_depth(build, de
     assert running.tokens == (one.tokens[0] + two.tokens[0], two.tokens[1])
     mean = (one.loss[0] * one.tokens[0] + two.loss[0] * two.tokens[0]) / running.tokens[0]
     assert running.loss == (pytest.approx(mean, rel=1e-6), pytest.approx(two.loss[1], rel=1e-6))
+
+
+def test_the_sampled_acceptance_is_the_policys_probability_of_each_draft(deep, batch, loss_mask):
+    """Under a sampled target, a draft is accepted with the probability the policy gives it at
+    the position it drafts for; a chain with the product along it. Checked against the
+    model's own projections, by hand, in float64."""
+    model = deep(seed=3)
+    hidden: list[torch.Tensor] = []
+    probe = model.mtp.register_forward_hook(lambda m, a, out: hidden.append(out.detach()))
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)
+    probe.remove()
+    got = handle.metrics()["eval"]
+
+    chunks = torch.chunk(hidden[0], 1 + DEPTHS, dim=0)
+    weight = model.output_layer.weight.detach().double()
+    policy = torch.softmax(chunks[0].double() @ weight.t(), dim=-1)  # [s, b, v]
+    seq = policy.shape[0]
+    sums, chain_sums = [0.0] * DEPTHS, [0.0] * DEPTHS
+    counts, chain_counts = [0] * DEPTHS, [0] * DEPTHS
+    for b in range(policy.shape[1]):
+        for i in range(seq):
+            product, present = 1.0, True
+            for d in range(1, DEPTHS + 1):
+                if i + d >= seq or loss_mask[b, i + d] == 0:
+                    present = False
+                    continue
+                draft = int((chunks[d][i, b].double() @ weight.t()).argmax())
+                p = float(policy[i + d, b, draft])
+                product *= p
+                sums[d - 1] += p
+                counts[d - 1] += 1
+                if present:
+                    chain_sums[d - 1] += product
+                    chain_counts[d - 1] += 1
+    want = [s / n for s, n in zip(sums, counts, strict=True)]
+    want_chain = [s / n for s, n in zip(chain_sums, chain_counts, strict=True)]
+    assert got.sampled_acceptance == pytest.approx(want, rel=1e-4)
+    assert got.sampled_chain_acceptance == pytest.approx(want_chain, rel=1e-4)
+    assert got.sampled_accepted_length == pytest.approx(sum(want_chain), rel=1e-4)
+    assert 0 < want_chain[1] < want_chain[0] < 1
+
+
+def test_a_forward_stopped_before_the_policys_projection_leaves_no_hook_and_no_sampled_figure(
+    deep, batch
+):
+    model = deep(seed=3)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    calls = {"n": 0}
+
+    def stop_at_the_policy(layer, args):
+        calls["n"] += 1
+        if calls["n"] == 2 * DEPTHS + 1:  # ours for each depth, megatron's, then the policy's
+            raise RuntimeError("stopped before the policy's projection")
+
+    stopper = model.output_layer.register_forward_pre_hook(stop_at_the_policy)
+    model.eval()
+    with torch.no_grad(), pytest.raises(RuntimeError, match="before the policy"):
+        model(*batch.args(), labels=batch.labels)
+    stopper.remove()
+    assert not model.output_layer._forward_hooks and not model.mtp._forward_hooks
+    stopped = handle.metrics(reset=True)["eval"]
+    assert stopped.sampled_accepted_length is None and stopped.sampled_acceptance == ()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)
+    assert not model.output_layer._forward_hooks and not model.mtp._forward_hooks
+    assert handle.metrics()["eval"].sampled_accepted_length is not None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 import mtp_hooks
@@ -79,3 +81,33 @@ def test_bad_settings_are_refused_with_the_setting_named(kwargs, message):
     settings = {"target": 1.0, "below": 0.3, "above": None, **kwargs}
     with pytest.raises(mtp_hooks.PolicyError, match=message):
         AcceptanceController(**settings)
+
+
+def test_the_sampled_accepted_length_drives_the_controller_from_recorded_figures_alone():
+    controller = AcceptanceController(
+        target=1.0, below=0.3, above=None, metric="sampled_accepted_length"
+    )
+    mtp_hooks.plugins.register(controller, name="drafter")
+    figures = mtp_hooks.MTPMetrics(
+        loss=(2.0, 2.5), acceptance=(0.9, 0.8), tokens=(100, 99), forwards=1,
+        chain_acceptance=(0.9, 0.7), accepted_length=1.6,  # greedy: well above the target
+        sampled_acceptance=(0.5, 0.4), sampled_chain_acceptance=(0.5, 0.2),
+        sampled_accepted_length=0.7,  # sampled: below it
+    )  # fmt: skip
+    assert controller.update(figures) == 0.3 and controller.value == pytest.approx(0.7)
+    better = dataclasses.replace(figures, sampled_accepted_length=1.2)
+    assert controller.update(better) is None
+    assert not mtp_hooks.decide(None, "train").run
+
+
+def test_an_engines_counts_give_no_sampled_figure_and_the_controller_says_so():
+    from mtp_hooks.framework import acceptance_from_counts
+
+    controller = AcceptanceController(
+        target=1.0, below=0.3, above=None, metric="sampled_accepted_length"
+    )
+    engine = acceptance_from_counts([100, 100], [80, 60])
+    assert engine.sampled_accepted_length is None
+    with pytest.raises(mtp_hooks.PolicyError, match="record with \\+metrics, or watch"):
+        controller.update(engine)
+    assert controller.weight == 0.3 and controller.value is None

@@ -172,6 +172,12 @@ def metrics_under_tp(rank: int) -> dict:
             [float((loss * valid.reshape(-1)).sum() / valid.sum()), float(hits.sum() / valid.sum())]
         )
     winners_on_rank1 = int((depth1 >= VOCAB // 2).sum())
+    policy = torch.softmax(chunks[0] @ weight.t(), dim=-1)  # [s, b, VOCAB]
+    sampled = []  # under a sampled target: the policy's probability of each depth's draft
+    for depth in range(depths):
+        drafts = (chunks[depth + 1] @ weight.t()).argmax(-1)[: SEQ - depth - 1]  # [s', b]
+        ahead = policy[depth + 1 :]  # the policy at i + depth + 1
+        sampled.append(float(ahead.gather(-1, drafts.unsqueeze(-1)).mean()))
     keep = KeepMetrics()
     mtp_hooks.plugins.register(keep)
     mtp_hooks.attach(model)
@@ -194,6 +200,7 @@ def metrics_under_tp(rank: int) -> dict:
         "reference": reference,
         "winners_on_rank1": winners_on_rank1,
         "eval": [list(in_eval.loss), list(in_eval.acceptance)],
+        "sampled": [sampled, list(in_eval.sampled_acceptance)],
         "training": [list(in_training.loss), list(in_training.acceptance)],
         "megatron": [tracker[losses_key].tolist(), megatron_acceptance],
     }

@@ -77,6 +77,8 @@ def test_tp2_metrics_equal_a_whole_vocabulary_reference_on_every_rank(tp_metrics
             assert losses[depth] == pytest.approx(loss, rel=1e-5)
             assert acceptance[depth] == accepted  # top-1 hits are counted exactly
         assert acceptance[0] > 0.45  # the labels were made to agree at half the positions
+        reference, sampled = result["sampled"]  # the policy's probability of each draft
+        assert sampled == pytest.approx(reference, rel=1e-5) and all(0 < p < 1 for p in sampled)
     assert tp_metrics[0]["eval"] == tp_metrics[1]["eval"]
 
 
