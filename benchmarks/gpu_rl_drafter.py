@@ -32,6 +32,11 @@ What it does, in one process:
    counts every position: prompt, response and padding. (R) makes the same call inside
    ``mtp_hooks.mtp_loss_mask(response)``, so MTP trains on the response only. Their rollouts
    start from prompts of the pretraining language, as the batches do.
+   Two more measure what MTP trains toward (``--arms C,K,T``): (K) ``+objective:kl``, the
+   policy's own next-token distribution, and (T) ``+objective:tv``, against C's
+   cross-entropy, all detached, so K's and T's trunks end bit-identical to C's.
+   ``--temperature 1`` rolls out by sampling, as RL does; the teacher-forced figures then
+   carry the sampled acceptance too.
 5. **Every ``--every`` steps**, on the same prompts for every arm: greedy rollouts in
    ``DynamicInferenceEngine`` drafting 0, 1 and 2 tokens (tokens/s, per-position acceptance,
    accepted length), and the teacher-forced ``+metrics`` of a log-prob forward over the
@@ -71,6 +76,8 @@ ARMS = {
     "D": "train=auto+detach,logprob=run+metrics",
     "P": "train=run+detach,logprob=run+metrics",
     "R": "train=run+detach,logprob=run+metrics",
+    "K": "train=run+detach+objective:kl,logprob=run+metrics",
+    "T": "train=run+detach+objective:tv,logprob=run+metrics",
 }
 # The arms whose batches are prompt + response + padding, and whether MTP's loss is masked to
 # the response (with mtp_hooks.mtp_loss_mask) or counts every position (no loss_mask at all).
@@ -103,6 +110,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=float,
         default=0.9,
         help="D's target: this fraction of the engine's accepted length right after pretraining",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="rollouts: 0 greedy (top_k=1); above 0 sampled at this temperature, as RL rolls "
+        "out, the engine accepting a draft only when it equals the sampled token",
     )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run")
@@ -338,7 +352,7 @@ class EngineRollouts:
             TextGenerationController,
         )
 
-        self.model, self.k = model, k
+        self.model, self.k, self.temperature = model, k, args.temperature
         context = DynamicInferenceContext(
             model_config=model.config,
             inference_config=InferenceConfig(
@@ -362,7 +376,16 @@ class EngineRollouts:
         engine, model = self.engine, self.model
         was_training = model.training
         model.eval()
-        params = SamplingParams(top_k=1, num_tokens_to_generate=gen, termination_id=-1)
+        if self.temperature > 0:
+            params = SamplingParams(
+                temperature=self.temperature,
+                top_k=0,
+                top_p=0.0,
+                num_tokens_to_generate=gen,
+                termination_id=-1,
+            )
+        else:
+            params = SamplingParams(top_k=1, num_tokens_to_generate=gen, termination_id=-1)
         out: dict[int, list] = {}
         try:
             engine.resume()
@@ -394,11 +417,13 @@ class EngineRollouts:
 
 
 class PlainRollouts:
-    """Greedy rollouts as plain forward loops, without speculation: the CPU stand-in for the
-    engine in smoke runs."""
+    """Rollouts as plain forward loops, without speculation: the CPU stand-in for the engine in
+    smoke runs (greedy, or sampled at ``--temperature`` from a generator seeded by the prompts,
+    so every arm draws alike from the same model)."""
 
     def __init__(self, model, k: int, args) -> None:
         self.model, self.k, self.device = model, k, args.device
+        self.temperature, self.seed = args.temperature, args.seed
 
     def __call__(self, prompts, gen: int) -> Rollout:
         import torch
@@ -406,12 +431,19 @@ class PlainRollouts:
         model, was_training = self.model, self.model.training
         model.eval()
         start = time.perf_counter()
+        key = sum((i + 1) * int(t) for p in prompts for i, t in enumerate(p.tolist()))
+        draw = torch.Generator(device=self.device).manual_seed(self.seed * 1_000_003 + key)
         with torch.no_grad():
             ids = torch.stack(prompts).to(self.device)
             for _ in range(gen):
                 pos = torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
-                logits = model(ids, pos.expand_as(ids), None)
-                ids = torch.cat([ids, logits[:, -1:].argmax(-1)], dim=1)
+                logits = model(ids, pos.expand_as(ids), None)[:, -1].float()
+                if self.temperature > 0:
+                    probs = torch.softmax(logits / self.temperature, dim=-1)
+                    token = torch.multinomial(probs, 1, generator=draw)
+                else:
+                    token = logits.argmax(-1, keepdim=True)
+                ids = torch.cat([ids, token], dim=1)
         model.train(was_training)
         seconds = time.perf_counter() - start
         tokens = [row[-gen:].tolist() for row in ids]
@@ -468,6 +500,8 @@ def measure(model, handle, engines: dict, prompts, args, batch1: bool = False) -
                 "accepted_length": tf.accepted_length,
                 "acceptance": list(tf.acceptance),
                 "loss": list(tf.loss),
+                "sampled_chain_acceptance": list(tf.sampled_chain_acceptance),
+                "sampled_accepted_length": tf.sampled_accepted_length,
             }
             row["tokens_k0"] = r.tokens
         if batch1:
@@ -595,6 +629,10 @@ def run(args, save=lambda results: None) -> dict:
             diff = max(float((a - b).abs().max()) for a, b in zip(trunks["A"], trunk, strict=True))
             same = all(torch.equal(a, b) for a, b in zip(trunks["A"], trunk, strict=True))
             results["arms"][arm]["trunk_vs_A"] = {"bit_identical": same, "max_abs_diff": diff}
+    for arm in ("K", "T"):  # a distillation target never trains the trunk: C's, bit for bit
+        if "C" in trunks and arm in trunks:
+            same = all(torch.equal(a, b) for a, b in zip(trunks["C"], trunks[arm], strict=True))
+            results["arms"][arm]["trunk_vs_C"] = {"bit_identical": same}
     if "P" in trunks and "R" in trunks:  # the mask arms train the same policy
         same = all(torch.equal(a, b) for a, b in zip(trunks["P"], trunks["R"], strict=True))
         results["arms"]["R"]["trunk_vs_P"] = {"bit_identical": same}

@@ -223,3 +223,24 @@ def test_the_rl_drafter_plot_gives_each_arm_one_colour_in_every_panel(tmp_path):
     assert set(seen) == set(results["arms"])
     assert all(len(colours) == 1 for colours in seen.values()), seen
     assert len({colours.pop() for colours in seen.values()}) == len(seen)  # none shared
+
+
+def test_the_objective_arms_keep_cs_trunk_and_sampled_rollouts_carry_the_sampled_figure(
+    tmp_path,
+):
+    if not has_detach_field():
+        pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
+    out = run_script(
+        "gpu_rl_drafter.py", "--arms", "C,K,T", "--temperature", "1", "--out", str(tmp_path),
+        *TINY_RL,
+    )  # fmt: skip
+    arms = json.loads((tmp_path / "rl_drafter.json").read_text())["arms"]
+    assert arms["K"]["trunk_vs_C"] == {"bit_identical": True}
+    assert arms["T"]["trunk_vs_C"] == {"bit_identical": True}
+    forced = {arm: [row["teacher_forced"] for row in arms[arm]["rows"]] for arm in "CKT"}
+    assert forced["C"][0] == forced["K"][0] == forced["T"][0]  # one pretrained model
+    assert forced["K"][-1]["loss"] != forced["C"][-1]["loss"]  # they learnt differently
+    assert all(0 < row["sampled_accepted_length"] <= 2 for rows in forced.values() for row in rows)
+    assert arms["K"]["mtp_trained_steps"] == arms["C"]["mtp_trained_steps"] == 10
+    assert "| K's and T's trunks end bit-identical to C's" in out.stdout
+    assert "| Sampled: K or T at least C's after the shift" in out.stdout

@@ -55,8 +55,8 @@ def test_a_bad_policy_is_one_error_line_before_anything_is_built():
     assert out.stderr.strip() == (
         "mtp-hooks: error: mtp_hooks.configure(): key 'train' has value 'sometimes'; "
         "allowed values are 'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the "
-        "run/auto forms optionally followed by '+metrics', '+detach' and '+mask:labels', in any "
-        "order"
+        "run/auto forms optionally followed by '+metrics', '+detach', '+mask:labels' and "
+        "'+objective:kl' (or ':tv', ':ce'), in any order"
     )
 
 
