@@ -129,3 +129,14 @@ def test_a_plugin_objective_on_an_undetached_forward_is_refused_naming_the_fix()
     mtp_hooks.configure("train=run")
     with pytest.raises(mtp_hooks.PolicyError, match=r"plugin sampler .* not detached\. Detach"):
         mtp_hooks.decide(None, "train")
+
+
+def test_explain_names_the_objective_its_temperature_and_its_source():
+    mtp_hooks.configure(
+        {"train": {"mtp": "run", "detach": True, "objective": "kl", "temperature": 0.5}}
+    )
+    text = mtp_hooks.explain(None, "train")
+    assert (
+        "objective: kl against the policy's own next-token distribution at temperature 0.5" in text
+    )
+    assert "from config" in text and "at weight 0" in text
