@@ -117,6 +117,7 @@ def test_the_change_pair_times_a_skip_right_after_a_decision_change_beside_the_s
         assert 0 < r["low"] <= r["median"] <= r["high"]
 
 
+DRAFTER = ROOT / "benchmarks" / "rl_drafter"
 TINY_RL = [  # the RL drafter loop at a size that runs in seconds on a CPU
     *("--hidden", "64", "--layers", "2", "--heads", "4", "--vocab", "128", "--phrases", "32"),
     *("--seq", "64", "--batch", "4", "--pretrain-steps", "20", "--rl-steps", "10"),
@@ -129,7 +130,7 @@ def test_the_rl_drafter_loop_keeps_the_policy_of_a_skip_under_detach_and_reports
 ):
     if not has_detach_field():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
-    out = run_script("gpu_rl_drafter.py", "--out", str(tmp_path), *TINY_RL)
+    out = run_script("rl_drafter/gpu_rl_drafter.py", "--out", str(tmp_path), *TINY_RL)
     result = json.loads((tmp_path / "rl_drafter.json").read_text())
     trunks = {arm: data["trunk_vs_A"]["bit_identical"] for arm, data in result["arms"].items()}
     assert trunks == {"A": True, "B": False, "C": True, "D": True}
@@ -140,11 +141,11 @@ def test_the_rl_drafter_loop_keeps_the_policy_of_a_skip_under_detach_and_reports
 
 
 def test_an_rl_batch_marks_as_response_exactly_the_labels_that_are_response_tokens():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(DRAFTER))
     try:
         import gpu_rl_drafter as bench
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(DRAFTER))
     args = bench.parse_args(["--seq", "40", "--batch", "6", "--prompt-len", "8", "--gen", "12"])
     lang = bench.PhraseLanguage(64, 16, 1)
     batch = bench.rl_batch(lang, lang, args, (3,), True)
@@ -162,7 +163,9 @@ def test_an_rl_batch_marks_as_response_exactly_the_labels_that_are_response_toke
 def test_the_mask_arms_train_one_policy_and_differ_only_in_what_mtp_trains_on(tmp_path):
     if not has_detach_field():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
-    out = run_script("gpu_rl_drafter.py", "--arms", "P,R", "--out", str(tmp_path), *TINY_RL)
+    out = run_script(
+        "rl_drafter/gpu_rl_drafter.py", "--arms", "P,R", "--out", str(tmp_path), *TINY_RL
+    )
     arms = json.loads((tmp_path / "rl_drafter.json").read_text())["arms"]
     assert arms["R"]["trunk_vs_P"] == {"bit_identical": True}
     forced = {arm: [row["teacher_forced"] for row in arms[arm]["rows"]] for arm in "PR"}
@@ -175,11 +178,11 @@ RECORDED = ROOT / "docs" / "benchmarks" / "rl_drafter"
 
 
 def rl_drafter_report():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    sys.path.insert(0, str(DRAFTER))
     try:
         import rl_drafter_report
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        sys.path.remove(str(DRAFTER))
     return rl_drafter_report
 
 
@@ -198,7 +201,9 @@ def test_the_rl_drafter_report_sets_each_arm_against_the_a_of_its_own_run():
     text = report.report(merged)
     assert "nan" not in text
     assert text.count("no A in its run") == len(without_a)
-    assert set(report.mtp_cost(merged)) == set(merged["arms"]) - set(without_a)
+    import rl_drafter_goals  # imported with the report, from its folder
+
+    assert set(rl_drafter_goals.mtp_cost(merged)) == set(merged["arms"]) - set(without_a)
 
 
 def test_the_rl_drafter_plot_gives_each_arm_one_colour_in_every_panel(tmp_path):
@@ -231,7 +236,8 @@ def test_the_objective_arms_keep_cs_trunk_and_sampled_rollouts_carry_the_sampled
     if not has_detach_field():
         pytest.skip("+detach needs mtp_detach_heads (megatron-core 0.19 on)")
     out = run_script(
-        "gpu_rl_drafter.py", "--arms", "C,K,T", "--temperature", "1", "--out", str(tmp_path),
+        "rl_drafter/gpu_rl_drafter.py", "--arms", "C,K,T", "--temperature", "1",
+        "--out", str(tmp_path),
         *TINY_RL,
     )  # fmt: skip
     arms = json.loads((tmp_path / "rl_drafter.json").read_text())["arms"]

@@ -21,7 +21,7 @@ pytest.importorskip("megatron.core")
 
 import mtp_hooks  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "rl_drafter"))
 
 
 def _flash_attention() -> bool:

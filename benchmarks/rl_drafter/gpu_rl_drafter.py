@@ -3,7 +3,7 @@
 Run on one GPU with FlashAttention 4 installed (megatron-core's ``DynamicInferenceEngine``
 needs it for its paged KV cache)::
 
-    python benchmarks/gpu_rl_drafter.py --out DIR
+    python benchmarks/rl_drafter/gpu_rl_drafter.py --out DIR
 
 What it does, in one process:
 
@@ -64,7 +64,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from rl_drafter_report import plot, report  # noqa: E402
