@@ -8,7 +8,7 @@ until :func:`to_metrics` reads it (one host sync).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,46 @@ class Request:
     input_ids: torch.Tensor | None
     packed_seq_params: Any
     runtime_gather_output: bool | None
+
+
+def roller(model: Any, request: Request) -> Callable[[torch.Tensor], Any]:
+    """megatron's one-position left roll along this call's sequence, as ``process_mtp_loss``
+    rolls its labels: ``roll_tensor`` with the model's context-parallel group and the call's
+    packed sequences. Returns ``(rolled, its sum)``."""
+    cp_group, psp = model.cp_group, request.packed_seq_params
+
+    def roll(tensor: torch.Tensor) -> Any:
+        return _mtp.roll_tensor(
+            tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
+        )
+
+    return roll
+
+
+def labels_and_mask(request: Request, roll: Callable[[torch.Tensor], Any]) -> tuple[Any, Any]:
+    """The labels and loss mask megatron's MTP loss starts from: the call's own, or, without
+    labels, ``input_ids`` rolled once (label ``i`` is token ``i + 1``) with the mask rolled in
+    step; a missing mask is all ones."""
+    labels, mask = request.labels, request.loss_mask
+    if labels is None:
+        assert request.input_ids is not None  # else megatron computes no MTP loss (no request)
+        labels, _ = roll(request.input_ids)
+        mask, _ = roll(torch.ones_like(labels) if mask is None else mask)
+    elif mask is None:
+        mask = torch.ones_like(labels)
+    return labels, mask
+
+
+def policy_ahead(
+    log_probs: torch.Tensor, depths: int, roll: Callable[[torch.Tensor], Any]
+) -> Iterator[torch.Tensor]:
+    """For depth ``d`` = 1 to ``depths``, the policy's ``log_probs`` (``[s, b, v]``) moved so that
+    position ``i`` holds those of ``i + d``, the token depth ``d`` at ``i`` drafts for (zero
+    where megatron's roll leaves no position)."""
+    target = log_probs.permute(1, 2, 0)  # [b, v, s]: megatron rolls the last dimension
+    for _ in range(depths):
+        target, _ = roll(target)
+        yield target.permute(2, 0, 1)
 
 
 # Rows of a [ROWS, depths] values tensor: per depth the masked loss sum, the top-1 hits, the
@@ -98,21 +138,10 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
     drafts token ``i + d + 1``, so a greedy chain from position ``i`` accepts depths ``1..k``
     when each of them hits at ``i``."""
     depths = model.config.mtp_num_layers
-    cp_group, psp = model.cp_group, request.packed_seq_params
-
-    def roll(tensor: Any) -> Any:
-        return _mtp.roll_tensor(
-            tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
-        )
-
+    roll = roller(model, request)
     with torch.no_grad():
         chunks = torch.chunk(hidden, 1 + depths, dim=0)
-        labels, mask = request.labels, request.loss_mask
-        if labels is None:  # Megatron derives them: label[i] = input_ids[i + 1]
-            labels, _ = roll(request.input_ids)
-            mask, _ = roll(torch.ones_like(labels) if mask is None else mask)
-        elif mask is None:
-            mask = torch.ones_like(labels)
+        labels, mask = labels_and_mask(request, roll)
         weight = model.shared_embedding_or_output_weight() if _tied(model) else None
         scale: Callable[[torch.Tensor], torch.Tensor] | None = (
             model._scale_logits if getattr(model.config, "use_mup", False) else None
@@ -172,22 +201,17 @@ def sampled_values(
     engine verifies so) accepts. A draft of depth ``d`` at ``i`` is accepted with the policy's
     probability of it at ``i + d``, read from ``policy``, the logits megatron's own projection
     of the forward gave (no projection of ours); a chain with the product along it."""
-    cp_group, psp = model.cp_group, request.packed_seq_params
     depths = len(drafts.tokens)
     with torch.no_grad():
         if getattr(model.config, "use_mup", False):
             policy = model._scale_logits(policy)
         group = _vocab_parallel.group_of(model, request.runtime_gather_output)
-        target = _vocab_parallel.log_softmax(policy.float(), group).permute(1, 2, 0)  # [b, v, s]
+        log_probs = _vocab_parallel.log_softmax(policy.float(), group)
         values = torch.zeros(ROWS, depths, device=policy.device)
         chain = None
-        for depth in range(depths):
-            target, _ = _mtp.roll_tensor(
-                target, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
-            )  # position i: the policy at i + depth + 1, which depth + 1 drafts for
-            accept = _vocab_parallel.probability_of(
-                target.permute(2, 0, 1), drafts.tokens[depth], group
-            )
+        ahead = policy_ahead(log_probs, depths, roller(model, request))
+        for depth, target in enumerate(ahead):
+            accept = _vocab_parallel.probability_of(target, drafts.tokens[depth], group)
             chain = accept if chain is None else chain * accept
             valid, present = drafts.valid[depth], drafts.present[depth]
             values[_SAMPLED, depth] = (accept * valid).sum()

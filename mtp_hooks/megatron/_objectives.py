@@ -37,7 +37,7 @@ import torch
 from megatron.core.transformer import multi_token_prediction as _mtp
 
 from .._errors import UnsupportedModelError
-from . import _vocab_parallel
+from . import _depth_figures, _vocab_parallel
 from ._depth_figures import Request
 
 
@@ -126,33 +126,20 @@ def objective_loss(model: Any, call: Call, policy: torch.Tensor) -> torch.Tensor
     """The objective of every depth against ``policy``'s logits ``[s, b, v]``, weighted and
     normalised as ``process_mtp_loss`` weights its cross-entropy (a scalar)."""
     request, depths = call.request, len(call.drafts)
-    cp_group, psp = model.cp_group, request.packed_seq_params
-
-    def roll(tensor: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        rolled, total = _mtp.roll_tensor(
-            tensor, shifts=-1, dims=-1, cp_group=cp_group, packed_seq_params=psp
-        )
-        return rolled, total
-
+    roll = _depth_figures.roller(model, request)
     group = _vocab_parallel.group_of(model, request.runtime_gather_output)
     with torch.no_grad():
-        target = _vocab_parallel.log_softmax(policy.detach().float() / call.temperature, group)
-        target = target.permute(1, 2, 0)  # [b, v, s]: megatron rolls the last dimension
-        mask = request.loss_mask
-        if request.labels is None:  # megatron derives the labels, and rolls the mask once
-            assert request.input_ids is not None  # else megatron computes no MTP loss
-            mask, _ = roll(torch.ones_like(request.input_ids) if mask is None else mask)
-        elif mask is None:
-            mask = torch.ones_like(request.labels)
+        log_probs = _vocab_parallel.log_softmax(policy.detach().float() / call.temperature, group)
+        _, mask = _depth_figures.labels_and_mask(request, roll)
         original = mask.sum()
     scale = call.factor / depths
     per_token = bool(getattr(model.config, "calculate_per_token_loss", False))
     total = policy.new_zeros((), dtype=torch.float32)
+    ahead = _depth_figures.policy_ahead(log_probs, depths, roll)
     for log_q in call.drafts:
         with torch.no_grad():
-            target, _ = roll(target)
+            log_p = next(ahead)  # position i: the policy at i + depth
             mask, count = roll(mask)
-            log_p = target.permute(2, 0, 1)  # [s, b, v], position i: the policy at i + depth
         if call.kind == "kl":  # sum p (log p - log q): its gradient in the logits is (q - p) / T
             per = torch.sum(log_p.exp() * (log_p - log_q), dim=-1)
         else:  # sum |q - p| / 2
