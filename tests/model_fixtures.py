@@ -106,6 +106,39 @@ def batch() -> Batch:
     return Batch(ids, pos, mask.expand(BATCH, 1, SEQ, SEQ), labels)
 
 
+@dataclass
+class PackedRow:
+    """Two sequences packed into one row (THD), the first with a masked-out prompt: the
+    packed-sequence arguments, ids, positions (restarting per sequence), loss mask and the
+    sequence boundaries."""
+
+    packed: object
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    cuts: list[int]
+
+    def kwargs(self) -> dict:
+        """The forward's keyword arguments: packed sequences, the next tokens, the mask."""
+        labels = torch.roll(self.input_ids, -1, 1)
+        return {"packed_seq_params": self.packed, "labels": labels, "loss_mask": self.loss_mask}
+
+
+def packed_row(vocab: int = 128) -> PackedRow:
+    from megatron.core.packed_seq_params import PackedSeqParams
+
+    cuts = [0, 7, SEQ]
+    cu = torch.tensor(cuts, dtype=torch.int32)
+    packed = PackedSeqParams(
+        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=9, max_seqlen_kv=9
+    )
+    ids = torch.randint(0, vocab, (1, SEQ), generator=torch.Generator().manual_seed(15))
+    pos = torch.cat([torch.arange(7), torch.arange(SEQ - 7)]).unsqueeze(0)
+    mask = torch.ones(1, SEQ)
+    mask[0, 2:5] = 0  # the first sequence's prompt
+    return PackedRow(packed, ids, pos, mask, cuts)
+
+
 KINDS = [
     "gpt",
     pytest.param(

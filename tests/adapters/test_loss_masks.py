@@ -15,7 +15,7 @@ import torch
 
 import mtp_hooks
 
-from model_fixtures import SEQ, guards_empty_masks, has_detach_field
+from model_fixtures import SEQ, guards_empty_masks, has_detach_field, packed_row
 
 pytestmark = pytest.mark.skipif(
     not guards_empty_masks(), reason="masks are refused where megatron divides by zero (0.16)"
@@ -375,8 +375,6 @@ def test_explain_names_every_mask_source(build):
 
 
 def test_under_packed_sequences_the_mask_is_rolled_as_megatrons_own_loss_mask():
-    from megatron.core.packed_seq_params import PackedSeqParams
-
     from mtp_hooks.demo import tiny_models
 
     spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=128)
@@ -385,19 +383,13 @@ def test_under_packed_sequences_the_mask_is_rolled_as_megatrons_own_loss_mask():
         torch.manual_seed(14)
         models.append(tiny_models.build_gpt(spec, attention="sdpa"))  # thd-capable on the CPU
     hooked, plain = models
-    cu = torch.tensor([0, 7, SEQ], dtype=torch.int32)  # two sequences in one row
-    packed = PackedSeqParams(
-        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=9, max_seqlen_kv=9
-    )
-    ids = torch.randint(0, 128, (1, SEQ), generator=torch.Generator().manual_seed(15))
-    pos = torch.cat([torch.arange(7), torch.arange(SEQ - 7)]).unsqueeze(0)
-    mask = torch.ones(1, SEQ)
-    mask[0, 2:5] = 0  # the first sequence's prompt
+    row = packed_row()  # two sequences in one row
+    ids, pos, mask = row.input_ids, row.position_ids, row.loss_mask
     mtp_hooks.attach(hooked)
     grads = []
     for model, block in ((hooked, mask), (plain, None)):
         model.train()
-        kwargs = {"packed_seq_params": packed, "labels": torch.roll(ids, -1, 1)}
+        kwargs = {"packed_seq_params": row.packed, "labels": torch.roll(ids, -1, 1)}
         if block is None:
             kwargs["loss_mask"] = mask
             model(ids, pos, None, **kwargs).sum().backward()

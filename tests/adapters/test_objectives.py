@@ -11,7 +11,14 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import SEQ, VOCAB, deepcopy_model, has_detach_field, train_step
+from model_fixtures import (
+    SEQ,
+    VOCAB,
+    deepcopy_model,
+    has_detach_field,
+    packed_row,
+    train_step,
+)
 
 DEPTHS = 2
 pytestmark = pytest.mark.skipif(
@@ -244,8 +251,6 @@ def by_hand_packed(kind, drafts, policy, mask, cuts, factor):
 
 @pytest.mark.parametrize("kind", ["kl", "tv"])
 def test_under_packed_sequences_no_target_crosses_a_sequence_boundary(kind):
-    from megatron.core.packed_seq_params import PackedSeqParams
-
     spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=128, mtp_num_layers=DEPTHS)
     tiny_models.reset_mtp_loss_tracker(num_layers=DEPTHS)
     models = []
@@ -255,16 +260,14 @@ def test_under_packed_sequences_no_target_crosses_a_sequence_boundary(kind):
         mtp_hooks.clip_mtp_apart(model)
         models.append(model)
     hooked, reference = models
-    cuts = [0, 7, SEQ]  # two sequences in one row
-    cu = torch.tensor(cuts, dtype=torch.int32)
-    packed = PackedSeqParams(
-        qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=9, max_seqlen_kv=9
+    row = packed_row()  # two sequences in one row
+    ids, pos, mask, cuts, kwargs = (
+        row.input_ids,
+        row.position_ids,
+        row.loss_mask,
+        row.cuts,
+        row.kwargs(),
     )
-    ids = torch.randint(0, 128, (1, SEQ), generator=torch.Generator().manual_seed(15))
-    pos = torch.cat([torch.arange(7), torch.arange(SEQ - 7)]).unsqueeze(0)
-    mask = torch.ones(1, SEQ)
-    mask[0, 2:5] = 0  # the first sequence's prompt
-    kwargs = {"packed_seq_params": packed, "labels": torch.roll(ids, -1, 1), "loss_mask": mask}
     mtp_hooks.configure(f"train=run+detach+objective:{kind}")
     mtp_hooks.attach(hooked)
     hooked.train()

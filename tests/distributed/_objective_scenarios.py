@@ -8,22 +8,13 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from _scenarios import SEQ, VOCAB, _batch, _cp_model, _no_group, _on_this_cp_rank
+from _scenarios import SEQ, VOCAB, _batch, _cp_model, _no_group, _on_this_cp_rank, _tp_model
 
 DEPTHS = 2
 
 
 def _model():
-    spec = tiny_models.TinySpec(
-        seq_length=SEQ,
-        vocab_size=VOCAB,
-        mtp_num_layers=DEPTHS,
-        extra={"tensor_model_parallel_size": 2},
-    )
-    torch.manual_seed(0)
-    model = tiny_models.build_gpt(spec, attention="local")
-    mtp_hooks.clip_mtp_apart(model)
-    return model
+    return _depths(_tp_model(depths=DEPTHS)[0])
 
 
 def _whole_vocabulary_objective(kind, drafts, policy, factor):

@@ -10,9 +10,12 @@ from mtp_hooks.demo import tiny_models
 SEQ, VOCAB = 16, 128
 
 
-def _tp_model():
+def _tp_model(depths: int = 1):
     spec = tiny_models.TinySpec(
-        seq_length=SEQ, vocab_size=VOCAB, extra={"tensor_model_parallel_size": 2}
+        seq_length=SEQ,
+        vocab_size=VOCAB,
+        mtp_num_layers=depths,
+        extra={"tensor_model_parallel_size": 2},
     )
     torch.manual_seed(0)
     model = tiny_models.build_gpt(spec, attention="local")
