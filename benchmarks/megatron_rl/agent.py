@@ -90,10 +90,10 @@ class CountAgent(RewardOnlyAgent):
     async def _rollout_from_episode(self, request: Any, episode: Any, golden: Any) -> Any:
         rollout = await super()._rollout_from_episode(request, episode, golden)
         cut = kept = 0
-        if isinstance(rollout.reward, float) and rollout.generation_mask is not None:
-            for turn, tokens in enumerate(rollout.trajectory):
+        masks = getattr(rollout, "generation_mask", None)  # token rollouts have one
+        if masks is not None:
+            for turn, (tokens, generated) in enumerate(zip(rollout.trajectory, masks, strict=True)):
                 logprobs = rollout.logprobs[turn] if rollout.logprobs is not None else None
-                generated = rollout.generation_mask[turn]
                 cut += cut_after_end(tokens, generated, logprobs)
                 kept += sum(generated)
         else:  # text rollouts: the reward's own reading of the response

@@ -11,6 +11,7 @@ import os
 import random
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -280,7 +281,7 @@ def test_the_agent_cuts_a_rollout_after_its_first_generated_end_token_and_report
     try:
         import agent
         import steps
-        from megatron.rl.agent.api import TokenRollout
+        from megatron.rl.agent.api import Rollout, TokenRollout
         from megatron.rl.agent.reward_only_agent import RewardOnlyAgent
     finally:
         sys.path.remove(os.environ["MEGATRON_LM"])
@@ -311,6 +312,21 @@ def test_the_agent_cuts_a_rollout_after_its_first_generated_end_token_and_report
     assert result.logprobs == [[-0.1, -0.2]]
     assert steps._state["cut_tokens"] == 3 and steps._state["cut_rollouts"] == 1
     assert steps._state["tokens"] == 2 and steps._state["rewards"] == [0.5]
+    # a text rollout (an interface without tokens) is counted from its response, uncut
+    text = Rollout(trajectory=["count 6 7 = 9 11"], reward=0.25, policy_epoch=[[(0, 0)]],
+                   kv_cache_epoch=[[(0, 0)]], num_evictions=[0])  # fmt: skip
+    episode = SimpleNamespace(responses=[SimpleNamespace(response=SimpleNamespace(content="9 11"))])
+
+    class MegatronsText(RewardOnlyAgent):
+        async def _rollout_from_episode(self, request, episode, golden):
+            return text
+
+    class TextAgent(agent.CountAgent, MegatronsText):
+        pass
+
+    steps._state.update(rewards=[], tokens=0, cut_tokens=0, cut_rollouts=0)
+    assert asyncio.run(TextAgent(seed=4)._rollout_from_episode(None, episode, {})) is text
+    assert steps._state["tokens"] == 3 and steps._state["cut_tokens"] == 0
     # an end token in the prompt is not a generated one, and a clean rollout is left alone
     tokens, mask = [end, 4, 5, 12, end], [False, False, False, True, True]
     assert agent.cut_after_end(tokens, mask, [-0.1, -0.2]) == 0 and len(tokens) == 5
