@@ -71,24 +71,31 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 def response_mask(input_ids: Any, separator: int, end: int) -> Any:
-    """1 where a label is a response token: from the separator's position to the one before the
-    end token (the label at position t is token t + 1). One sequence per row."""
+    """1 where a label is a response token: from the first separator's position to the one
+    before the next end token (the label at position t is token t + 1). One sequence per row:
+    a policy may write the separator in its own response, so only the first one ends the
+    prompt, and packed rows are refused at start (:func:`refuse_packing`), not read here."""
     import torch
 
     length = input_ids.shape[-1]
     where = torch.arange(length, device=input_ids.device)
     is_separator = input_ids == separator
-    if bool((is_separator.sum(-1) > 1).any()):
-        raise ValueError(
-            "response_mask: a row holds several prompts; the benchmark's mask reads one "
-            "sequence per row: run without --rl-use-sequence-packing"
-        )
     first = torch.where(
         is_separator.any(-1), is_separator.int().argmax(-1), torch.full_like(where[:1], length)
     )
     is_end = (input_ids == end) & (where[None] > first[:, None])
     stop = torch.where(is_end.any(-1), is_end.int().argmax(-1), torch.full_like(where[:1], length))
     return (where[None] >= first[:, None]) & (where[None] < stop[:, None])
+
+
+def refuse_packing(train_rl_args: list[str]) -> None:
+    """The response mask reads one sequence per row, so packed rows must never reach it."""
+    if "--rl-use-sequence-packing" in train_rl_args:
+        raise SystemExit(
+            "launch.py: arms H and A mask MTP's loss to the response of one sequence per row, "
+            "and --rl-use-sequence-packing puts several in a row; drop that option, or run "
+            "the arm with --no-mask"
+        )
 
 
 def token_ids(tokenizer_dir: str) -> tuple[int, int]:
@@ -116,6 +123,7 @@ def set_up_mtp_hooks(own: argparse.Namespace, train_rl_args: list[str]) -> dict[
         "trained_mtp": lambda model: mtp_hooks.decide(model, "train").run,
     }
     if own.arm in ("H", "A") and not own.no_mask:
+        refuse_packing(train_rl_args)
         separator, end = token_ids(option(train_rl_args, "--tokenizer-model") or "")
 
         class ResponseOnly:

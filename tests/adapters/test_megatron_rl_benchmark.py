@@ -162,8 +162,30 @@ def test_the_response_mask_marks_exactly_the_labels_that_are_response_tokens(tmp
     response = {first_answer - 1 + i for i in range(len(example.target) + 1)}  # and the end
     assert {i for i, m in enumerate(mask.tolist()) if m} == response
     assert [labels[i] for i in sorted(response)][-1] == end
-    with pytest.raises(ValueError, match="without --rl-use-sequence-packing"):
-        launch.response_mask(torch.tensor([ids + ids]), separator, end)
+
+
+def test_a_separator_the_policy_writes_in_its_response_stays_in_the_response():
+    # On the H200 the policy wrote the prompt's separator in a response by step 8, and a mask
+    # that took a second separator for a second prompt stopped the run.
+    import launch
+    import task
+
+    words = task.vocabulary()
+    separator, end = words.index(task.SEPARATOR), words.index(task.EOS)
+    prompt = [words.index(task.BOS), words.index(task.COMMAND), words.index("2"), separator]
+    response = [words.index("4"), separator, words.index("6"), end]
+    ids = prompt + response + [words.index(task.PAD)] * 3
+    mask = launch.response_mask(torch.tensor([ids]), separator, end)[0].tolist()
+    # labels at positions 3..6 are the response's tokens 4, =, 6 and the end token
+    assert [i for i, m in enumerate(mask) if m] == [3, 4, 5, 6]
+
+
+def test_the_launcher_refuses_sequence_packing_for_a_masked_arm_before_train_rl_runs():
+    import launch
+
+    with pytest.raises(SystemExit, match="--rl-use-sequence-packing"):
+        launch.refuse_packing(["--bf16", "--rl-use-sequence-packing"])
+    launch.refuse_packing(["--bf16"])
 
 
 def test_the_launcher_splits_its_own_options_from_train_rls():
