@@ -4,6 +4,9 @@
 #                                 TE built, the pinned Megatron-LM trees in /tmp/mlm/<name>
 #   run.sh pretrain [ITERS]       the tokenizer, the corpus and the pretrained checkpoint
 #   run.sh arm NAME ARM K STEPS [launch.py options]   one GRPO run of train_rl.py (see launch.py)
+#   run.sh isolated NAME ARM K STEPS [...]   the same, in its own network, host-name and process
+#                                 namespaces, so that several arms can share the GPU at once
+#   run.sh drafter NAME [gpu_rl_drafter.py options]   benchmarks/rl_drafter on the staged packages
 # Environment: TREE (a pinned tree's name, default core_v0.19.0: main's engine asserted with
 # k=2, see docs/benchmarks.md), SEED (1), OUT.
 set -uo pipefail
@@ -92,6 +95,30 @@ YAML
     pkill -9 -f "multiprocessing|hypercorn|launch.py" 2>/dev/null; sleep 1
     say "arm $name rc=$rc steps=$(grep -c '"rollout_s"' "$OUT/$name.jsonl" 2>/dev/null)"
     tail -5 "$OUT/$name.log" | cut -c1-300 >> "$LOG"
+}
+
+isolated() {
+    # train_rl.py serves its rollouts on port 8294 with SO_REUSEPORT: two arms in one network
+    # namespace would share that port, and the kernel would hand one arm's requests to the
+    # other's engine. Each arm therefore gets a network namespace with only loopback, a host
+    # name that resolves there (the engine binds ZMQ to gethostname()), and a process namespace,
+    # so that the arm's cleanup kills its own processes and no one else's.
+    unshare --net --uts --pid --fork --mount-proc bash -c '
+        hostname localhost
+        python3 -c "import fcntl, socket, struct
+fcntl.ioctl(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), 0x8914,
+            struct.pack(\"16sh22x\", b\"lo\", 0x1 | 0x8 | 0x40))"
+        exec bash "$0" arm "$@"' "$HERE/run.sh" "$@"
+}
+
+drafter() {
+    site_env
+    local name="$1"; shift
+    export PYTHONPATH="/tmp/mlm/$TREE:$PYTHONPATH"
+    say "drafter $name: $*"
+    timeout -k 10 "${ARM_TIMEOUT:-600}" python3 "$REPO/benchmarks/rl_drafter/gpu_rl_drafter.py" \
+        --out "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
+    say "drafter $name rc=$?"
 }
 
 "$@"
