@@ -27,11 +27,13 @@ class MTPMetrics:
             verify step over these tokens (``0`` to the MTP depth), the engine's own figure:
             it verifies at a region's first position and goes on after the tokens it accepted,
             so a position inside an accepted chain is never a verify step.
-        sampled_acceptance: Per depth, the mean probability the policy gives the depth's draft
-            at the position it drafts for: the acceptance of an engine that samples the target
-            at temperature 1 and accepts only an exact match (megatron's). Empty where nothing
+        sampled_acceptance: Per depth, the mean chance that a draft sampled from the depth's
+            distribution equals a token sampled from the policy's at the position it drafts
+            for (``sum_x q(x) p(x)``, both at temperature 1): the acceptance of megatron's
+            engine when it rolls out by sampling, since it samples its drafts with the
+            rollout's sampling parameters and accepts only an exact match. Empty where nothing
             recorded it (figures from an engine's counters).
-        sampled_chain_acceptance: Per depth ``k``, the mean product of those probabilities for
+        sampled_chain_acceptance: Per depth ``k``, the mean product of those chances for
             depths ``1..k``: the chance a sampling engine accepts the first ``k`` drafts.
         sampled_accepted_length: Their sum: the draft tokens a sampling engine expects to
             accept per position, or ``None`` where nothing recorded it.

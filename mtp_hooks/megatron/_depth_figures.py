@@ -81,20 +81,22 @@ def policy_ahead(
 # engine's walk over the positions (see ``engine_walk``).
 _LOSS, _CORRECT, _TOKENS, _CHAIN, _CHAIN_POSITIONS, _MASK_SUM = range(6)
 _WALK_ACCEPTED, _WALK_STEPS = 6, 7
-# Then per depth, under verification of a *sampled* target (:func:`sampled_values`): the
-# policy's probability of the depth's draft summed over the positions that count, the product
-# of those probabilities along the chain summed over the chained positions, and the two
-# position counts (zero when the forward never reached the policy's projection).
+# Then per depth, under sampled drafts and a sampled target (:func:`sampled_values`): the
+# chance that a draft drawn from the depth's distribution equals a token drawn from the policy's,
+# summed over the positions that count, the product of those chances along the chain summed
+# over the chained positions, and the two position counts (zero when the forward never reached
+# the policy's projection).
 _SAMPLED, _SAMPLED_CHAIN, _SAMPLED_POSITIONS, _SAMPLED_CHAIN_POSITIONS = 8, 9, 10, 11
 ROWS = 12
 
 
 @dataclass
 class Drafts:
-    """What :func:`sampled_values` needs of one recorded forward, per depth: the top-1 drafts,
-    the positions that count, and the chained positions (each ``[s, b]``)."""
+    """What :func:`sampled_values` needs of one recorded forward, per depth: the depth's logits
+    (``[s, b, v]``, this rank's vocabulary shard), the positions that count, and the chained
+    positions (each ``[s, b]``)."""
 
-    tokens: list[torch.Tensor]
+    logits: list[torch.Tensor]
     valid: list[torch.Tensor]
     present: list[torch.Tensor]
 
@@ -162,15 +164,17 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
                 logits = scale(logits)
             labels, _ = roll(labels)
             mask, mask_sum = roll(mask)
-            draft = _top1(model, logits, request.runtime_gather_output)  # before the CE below
-            loss = torch.sum(mask * model.compute_language_model_loss(labels, logits))
+            draft = _top1(model, logits, request.runtime_gather_output)
+            # megatron's vocab-parallel cross-entropy overwrites its logits in place, and the
+            # sampled figures read these once the policy's logits exist: the loss gets a copy
+            loss = torch.sum(mask * model.compute_language_model_loss(labels, logits.clone()))
             valid = mask.t() != 0
             hits = (draft == labels.t()) & valid
             chain = hits if chain is None else chain & hits
             present = valid if present is None else present & valid
             run = chain.long() if run is None else run + chain.long()
             region = valid if region is None else region
-            drafts.tokens.append(draft)
+            drafts.logits.append(logits)
             drafts.valid.append(valid)
             drafts.present.append(present)
             rows.append(
@@ -196,12 +200,14 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
 def sampled_values(
     model: Any, request: Request, drafts: Drafts, policy: torch.Tensor
 ) -> torch.Tensor:
-    """``[ROWS, depths]``, zero but for the sampled rows: what an engine that samples the target
-    at temperature 1 and accepts a draft only when it equals the sampled token (megatron's
-    engine verifies so) accepts. A draft of depth ``d`` at ``i`` is accepted with the policy's
-    probability of it at ``i + d``, read from ``policy``, the logits megatron's own projection
-    of the forward gave (no projection of ours); a chain with the product along it."""
-    depths = len(drafts.tokens)
+    """``[ROWS, depths]``, zero but for the sampled rows: what megatron's engine accepts when it
+    rolls out by sampling at temperature 1. It *samples* each draft from the depth's
+    distribution ``q`` (with the rollout's sampling parameters), samples the target from the
+    policy's ``p``, and accepts a draft only when the two are equal: at depth ``d`` and
+    position ``i`` that happens with chance ``sum_x q(x) p_{i+d}(x)``. ``p`` comes from
+    ``policy``, the logits megatron's own projection of the forward gave (no projection of
+    ours); a chain takes the product along it, each depth read at the sequence's own tokens."""
+    depths = len(drafts.logits)
     with torch.no_grad():
         if getattr(model.config, "use_mup", False):
             policy = model._scale_logits(policy)
@@ -211,7 +217,8 @@ def sampled_values(
         chain = None
         ahead = policy_ahead(log_probs, depths, roller(model, request))
         for depth, target in enumerate(ahead):
-            accept = _vocab_parallel.probability_of(target, drafts.tokens[depth], group)
+            draft = _vocab_parallel.log_softmax(drafts.logits[depth].float(), group)
+            accept = _vocab_parallel.sum_over((draft + target).exp().sum(dim=-1), group)
             chain = accept if chain is None else chain * accept
             valid, present = drafts.valid[depth], drafts.present[depth]
             values[_SAMPLED, depth] = (accept * valid).sum()

@@ -407,10 +407,13 @@ def test_models_of_different_depth_on_one_handle_add_up_depth_by_depth(build, de
     assert running.loss == (pytest.approx(mean, rel=1e-6), pytest.approx(two.loss[1], rel=1e-6))
 
 
-def test_the_sampled_acceptance_is_the_policys_probability_of_each_draft(deep, batch, loss_mask):
-    """Under a sampled target, a draft is accepted with the probability the policy gives it at
-    the position it drafts for; a chain with the product along it. Checked against the
-    model's own projections, by hand, in float64."""
+def test_the_sampled_acceptance_is_the_chance_a_sampled_draft_equals_a_sampled_token(
+    deep, batch, loss_mask
+):
+    """megatron's engine samples its drafts from each depth's distribution q and the target from
+    the policy's p, and accepts on equality: chance sum_x q(x) p(x) at the position the depth
+    drafts for; a chain with the product along it. Checked against the model's own
+    projections, by hand, in float64."""
     model = deep(seed=3)
     hidden: list[torch.Tensor] = []
     probe = model.mtp.register_forward_hook(lambda m, a, out: hidden.append(out.detach()))
@@ -435,8 +438,8 @@ def test_the_sampled_acceptance_is_the_policys_probability_of_each_draft(deep, b
                 if i + d >= seq or loss_mask[b, i + d] == 0:
                     present = False
                     continue
-                draft = int((chunks[d][i, b].double() @ weight.t()).argmax())
-                p = float(policy[i + d, b, draft])
+                draft = torch.softmax(chunks[d][i, b].double() @ weight.t(), dim=-1)
+                p = float((draft * policy[i + d, b]).sum())
                 product *= p
                 sums[d - 1] += p
                 counts[d - 1] += 1

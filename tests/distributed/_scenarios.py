@@ -176,11 +176,11 @@ def metrics_under_tp(rank: int) -> dict:
         )
     winners_on_rank1 = int((depth1 >= VOCAB // 2).sum())
     policy = torch.softmax(chunks[0] @ weight.t(), dim=-1)  # [s, b, VOCAB]
-    sampled = []  # under a sampled target: the policy's probability of each depth's draft
+    sampled = []  # sampled drafts and target: the chance the two are equal, sum_x q(x) p(x)
     for depth in range(depths):
-        drafts = (chunks[depth + 1] @ weight.t()).argmax(-1)[: SEQ - depth - 1]  # [s', b]
+        drafts = torch.softmax(chunks[depth + 1] @ weight.t(), dim=-1)[: SEQ - depth - 1]
         ahead = policy[depth + 1 :]  # the policy at i + depth + 1
-        sampled.append(float(ahead.gather(-1, drafts.unsqueeze(-1)).mean()))
+        sampled.append(float((drafts * ahead).sum(-1).mean()))
     keep = KeepMetrics()
     mtp_hooks.plugins.register(keep)
     mtp_hooks.attach(model)
