@@ -53,18 +53,17 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
         )
     if "B" in arms and "D" in arms:
         ratios = [
-            engine_length(d) / engine_length(b) if engine_length(b) else float("nan")
-            for b, d in zip(arms["B"]["rows"], arms["D"]["rows"], strict=True)
+            length_ratio(d, b) for b, d in zip(arms["B"]["rows"], arms["D"]["rows"], strict=True)
         ]
         cost = mtp_cost(results)
-        within = all(r >= 0.9 for r in ratios)
+        within = all(even(r) >= 0.9 for r in ratios)
         share = arms["D"]["mtp_trained_steps"] / max(arms["B"]["mtp_trained_steps"], 1)
         cheap = share <= 0.5
         out.append(
             (
                 "D holds the engine's accepted length within 10% of B's at every measurement",
                 within,
-                f"D/B per measurement {', '.join(f'{r:.3f}' for r in ratios)}",
+                f"D/B per measurement {listing(ratios)}",
             )
         )
         out.append(
@@ -78,17 +77,14 @@ def goals(results: dict) -> list[tuple[str, bool | None, str]]:
         )
     if "P" in arms and "R" in arms:
         p_rows, r_rows = arms["P"]["rows"], arms["R"]["rows"]
-        ratios = [
-            engine_length(r) / engine_length(p) if engine_length(p) else float("nan")
-            for p, r in zip(p_rows, r_rows, strict=True)
-        ]
+        ratios = [length_ratio(r, p) for p, r in zip(p_rows, r_rows, strict=True)]
         same = arms["R"].get("trunk_vs_P", {}).get("bit_identical")
         out.append(
             (
                 "MTP trained on the response only drafts at least as well as MTP trained on "
                 "prompt, response and padding, at the last measurement",
-                ratios[-1] >= 1.0,
-                f"R/P per measurement {', '.join(f'{r:.3f}' for r in ratios)}; accepted length "
+                even(ratios[-1]) >= 1.0,
+                f"R/P per measurement {listing(ratios)}; accepted length "
                 f"P {engine_length(p_rows[0]):.3f} -> {engine_length(p_rows[-1]):.3f}, R "
                 f"{engine_length(r_rows[0]):.3f} -> {engine_length(r_rows[-1]):.3f} (teacher-"
                 f"forced at the last: P {p_rows[-1]['teacher_forced']['accepted_length']:.3f}, R "
@@ -157,20 +153,17 @@ def objective_goals(results: dict, sampling: bool) -> list[tuple[str, bool | Non
     out: list[tuple[str, bool | None, str]] = []
     c_rows = arms["C"]["rows"]
     ratios = {
-        arm: [
-            engine_length(r) / engine_length(c) if engine_length(c) else float("nan")
-            for c, r in zip(c_rows, arms[arm]["rows"], strict=True)
-        ]
+        arm: [length_ratio(r, c) for c, r in zip(c_rows, arms[arm]["rows"], strict=True)]
         for arm in ("K", "T")
         if arm in arms
     }
-    listed = "; ".join(f"{a}/C {', '.join(f'{x:.3f}' for x in r)}" for a, r in ratios.items())
+    listed = "; ".join(f"{a}/C {listing(r)}" for a, r in ratios.items())
     if sampling:  # the first measurement is before the shift; the next one is the first after
         after = {a: r[1:] for a, r in ratios.items()}
-        holds = any(r and min(r) >= 1.0 and r[0] >= 1.15 for r in after.values())
+        holds = any(r and min(map(even, r)) >= 1.0 and even(r[0]) >= 1.15 for r in after.values())
         goal = "Sampled: K or T at least C's after the shift, and 1.15x at the first after it"
     else:
-        holds = all(min(r) >= 0.95 for r in ratios.values())
+        holds = all(min(map(even, r)) >= 0.95 for r in ratios.values())
         goal = "Greedy: neither K nor T below 0.95x C's accepted length at any measurement"
     out.append((goal, holds, listed))
     c_ms = statistics.median(arms["C"]["train_step_ms"])
@@ -191,6 +184,23 @@ def objective_goals(results: dict, sampling: bool) -> list[tuple[str, bool | Non
         )
     )
     return out
+
+
+def length_ratio(row: dict, base: dict) -> float | None:
+    """``row``'s engine accepted length over ``base``'s: ``inf`` where only the base drafted
+    nothing, ``None`` where neither drafted anything (no ratio, and no difference)."""
+    if engine_length(base):
+        return engine_length(row) / engine_length(base)
+    return float("inf") if engine_length(row) else None
+
+
+def even(ratio: float | None) -> float:
+    """A ratio for a goal's comparison: two arms that both drafted nothing are level."""
+    return 1.0 if ratio is None else ratio
+
+
+def listing(ratios: list[float | None]) -> str:
+    return ", ".join("-" if r is None else f"{r:.3f}" for r in ratios)
 
 
 def baseline_ms(results: dict, arm: str) -> float | None:

@@ -206,6 +206,21 @@ def test_the_rl_drafter_report_sets_each_arm_against_the_a_of_its_own_run():
     assert set(rl_drafter_goals.mtp_cost(merged)) == set(merged["arms"]) - set(without_a)
 
 
+def test_the_rl_drafter_report_prints_no_nan_where_c_drafted_nothing_after_the_shift():
+    # On the H200, every arm's drafter accepted nothing right after the shift, and K/C read 0/0.
+    report = rl_drafter_report()
+    results = json.loads((RECORDED / "objectives" / "greedy.json").read_text())
+    text = report.report(results)
+    assert "nan" not in text and "K/C 1.000, -, 0.046" in text
+    import rl_drafter_goals
+
+    row = {"engine": {"2": {"accepted_length": 0.5}}}
+    zero = {"engine": {"2": {"accepted_length": 0.0}}}
+    ratio = rl_drafter_goals.length_ratio
+    assert ratio(row, row) == 1.0 and ratio(row, zero) == float("inf")
+    assert ratio(zero, zero) is None and rl_drafter_goals.even(None) == 1.0
+
+
 def test_the_rl_drafter_plot_gives_each_arm_one_colour_in_every_panel(tmp_path):
     pytest.importorskip("matplotlib")
     from matplotlib.colors import to_rgba_array
