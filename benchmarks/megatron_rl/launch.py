@@ -23,6 +23,9 @@ What it does, and why each step is needed:
    :class:`~mtp_hooks.framework.AcceptanceController` that the recorder feeds with the engine's
    own counters of each step's rollouts, before that step's policy update.
 6. **Runs** ``train_rl.py`` as ``__main__`` (``runpy``), the way ``python train_rl.py`` would.
+7. **Exits at once if it raises** (:func:`run_or_exit`): the engine's coordinator is a
+   process that is not a daemon, so after an exception Python's exit would wait for it, and
+   on the H200 an arm that had failed held the GPU until its timeout, six minutes later.
 
 Arms: ``M`` megatron's default (mtp-hooks not imported); ``S`` ``train=skip,eval=skip``; ``H``
 ``train=run+detach,eval=skip`` with the response mask (``--no-mask`` drops it); ``A`` as H but
@@ -37,6 +40,8 @@ import json
 import os
 import runpy
 import sys
+import traceback
+from collections.abc import Callable
 from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -172,7 +177,28 @@ def main(argv: list[str]) -> None:
     )
     steps.install(recorder)
     sys.argv = [os.path.join(tree, "train_rl.py"), *train_rl_args]
-    runpy.run_path(sys.argv[0], run_name="__main__")  # 6
+    run_or_exit(lambda: runpy.run_path(sys.argv[0], run_name="__main__"))  # 6, 7
+
+
+def run_or_exit(run: Callable[[], Any], exit: Callable[[int], Any] = os._exit) -> None:
+    """``run()``; if it raises (a ``SystemExit`` of a failure code too), print the traceback and
+    end the process with code 1 through ``exit``, skipping the interpreter's wait for
+    non-daemon child processes. A clean ``SystemExit`` passes through."""
+    try:
+        run()
+    except SystemExit as stop:
+        if stop.code in (0, None):
+            raise
+        _fail(exit)
+    except BaseException:
+        _fail(exit)
+
+
+def _fail(exit: Callable[[int], Any]) -> None:
+    traceback.print_exc()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    exit(1)
 
 
 if __name__ == "__main__":

@@ -188,6 +188,24 @@ def test_the_launcher_refuses_sequence_packing_for_a_masked_arm_before_train_rl_
     launch.refuse_packing(["--bf16"])
 
 
+def test_the_launcher_ends_the_process_with_code_1_when_train_rl_raises(capsys):
+    import launch
+
+    codes: list[int] = []
+
+    def fails() -> None:
+        raise RuntimeError("the trainer stopped")
+
+    launch.run_or_exit(fails, exit=codes.append)
+    assert codes == [1] and "the trainer stopped" in capsys.readouterr().err
+    launch.run_or_exit(lambda: sys.exit(3), exit=codes.append)
+    assert codes == [1, 1]
+    with pytest.raises(SystemExit):  # a clean exit stays one
+        launch.run_or_exit(lambda: sys.exit(0), exit=codes.append)
+    launch.run_or_exit(lambda: None, exit=codes.append)
+    assert codes == [1, 1]
+
+
 def test_the_launcher_splits_its_own_options_from_train_rls():
     import launch
 
