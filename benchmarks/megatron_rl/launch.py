@@ -171,6 +171,8 @@ def main(argv: list[str]) -> None:
             "arm": own.arm,
             "policy": POLICIES[own.arm],
             "mask": not own.no_mask,
+            # run.sh isolated: other arms share the GPU, so this run's timers answer no goal
+            "shared_gpu": os.environ.get("MEGATRON_RL_SHARED_GPU") == "1",
             "megatron_lm": pinned,
             "argv": train_rl_args,
         }

@@ -18,6 +18,8 @@ import os
 import statistics
 from typing import Any
 
+from goals import goals
+
 PHASES = ("rollout_s", "old_logprob_s", "ref_logprob_s", "train_s")
 
 
@@ -125,6 +127,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("records", nargs="+")
     parser.add_argument("--out", required=True)
+    parser.add_argument(
+        "--shared",
+        default="",
+        help="runs (by file name, comma-separated) that shared the GPU, so their timers answer "
+        "no timing goal; run.sh isolated marks its runs itself",
+    )
     args = parser.parse_args(argv)
     runs = [load(path) for path in args.records]
     summaries = {run["name"]: summary(run) for run in runs}
@@ -133,7 +141,16 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
         json.dump(summaries, f, indent=1)
     plot(runs, os.path.join(args.out, "megatron_rl.png"))
     print(table(summaries))
+    print()
+    print(goal_table(goals(runs, frozenset(filter(None, args.shared.split(","))))))
     return summaries
+
+
+def goal_table(rows: list[tuple[str, bool | None, str]]) -> str:
+    lines = ["| goal | met | numbers |", "|---|---|---|"]
+    for goal, met, numbers in rows:
+        lines.append(f"| {goal} | {'-' if met is None else 'yes' if met else 'no'} | {numbers} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -103,7 +103,7 @@ isolated() {
     # other's engine. Each arm therefore gets a network namespace with only loopback, a host
     # name that resolves there (the engine binds ZMQ to gethostname()), and a process namespace,
     # so that the arm's cleanup kills its own processes and no one else's.
-    unshare --net --uts --pid --fork --mount-proc bash -c '
+    MEGATRON_RL_SHARED_GPU=1 unshare --net --uts --pid --fork --mount-proc bash -c '
         hostname localhost
         python3 -c "import fcntl, socket, struct
 fcntl.ioctl(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), 0x8914,

@@ -403,3 +403,61 @@ def test_the_report_joins_each_steps_lines_and_takes_medians_after_the_first_ste
     headless.write_text(json.dumps({"step": 1, "train_s": 3.0}) + "\n")
     with pytest.raises(SystemExit, match="no header line naming the arm"):
         report.load(str(headless))
+
+
+def _run(name: str, arm: str, k: int, lengths: list[float], **meta: object) -> dict:
+    """One run as report.load gives it: a header, then per step what the goals read."""
+    layers = meta.pop("layers", 2)
+    argv = ["--num-speculative-tokens", str(k), "--mtp-num-layers", str(layers)]
+    header = {"arm": arm, "mask": True, "megatron_lm": {"name": "t", "digest": "d"}, "argv": argv}
+    steps = []
+    for step, length in enumerate(lengths, 1):
+        steps.append(
+            {
+                "step": step,
+                "reward": meta.get("reward", 0.1) * step,
+                "spec": {"accepted_length": length} if k else None,
+                "mtp_trained": step % int(meta.get("train_every", 1)) == 0,
+                "tokens_per_s": meta.get("tokens_per_s", 100.0),
+                "rollout_s": 1.0,
+                "old_logprob_s": meta.get("logprob_s", 1.0),
+                "ref_logprob_s": meta.get("logprob_s", 1.0),
+                "train_s": 2.0,
+            }
+        )
+    header.update({key: value for key, value in meta.items() if key in ("mask", "shared_gpu")})
+    return {"name": name, "meta": header, "steps": steps}
+
+
+def test_the_goals_find_their_runs_by_what_they_are_and_judge_only_what_was_measured():
+    import goals
+
+    fourteen = [1.0] * 14
+    runs = [
+        _run("m", "M", 2, fourteen),
+        _run("s", "S", 2, [1.0] * 10 + [0.7] * 4),
+        _run("h", "H", 2, [1.0] * 10 + [0.95] * 4, tokens_per_s=150.0, logprob_s=0.5),
+        _run("a", "A", 2, [1.0] * 10 + [0.8] * 4, train_every=3),
+        _run("h0", "H", 0, fourteen, tokens_per_s=100.0, logprob_s=0.5),
+        _run("n", "M", 0, fourteen, layers=0, logprob_s=0.495),
+        _run("shared", "H", 2, fourteen, tokens_per_s=10.0, shared_gpu=True),
+    ]
+    judged = goals.goals(runs)
+
+    def verdict(start: str) -> tuple:
+        return next((met, numbers) for goal, met, numbers in judged if goal.startswith(start))
+
+    assert verdict("Zero edits")[0] is True
+    assert verdict("Freshness: S")[0] is True  # S fell by 0.3
+    assert verdict("Freshness: H and A") == (False, "h/M 0.95-0.95; a/M 0.80-0.80")
+    assert verdict("A trains MTP")[0] is True  # 4 of 14
+    assert verdict("Response-only")[0] is False  # 0.95 < 1.0 at the last step
+    assert verdict("Rollouts") == (True, "H: 150 against 100 tokens/s (1.50x)")  # not shared
+    assert verdict("The log-prob passes")[0] is True  # 1.0 against 0.99 s: within 2%
+    faster = verdict("H's whole GRPO step")
+    assert faster[0] is True and "saved 1.00" in faster[1]
+    assert verdict("No interference")[0] is None  # no rerun: not measured
+    short = goals.goals([_run("m", "M", 2, [1.0] * 8), _run("h", "H", 2, [1.0] * 8)])
+    judged = [goal.split(":")[0].split(" (")[0] for goal, met, _ in short if met is not None]
+    # nothing past step 10, no k=0 run, no model without MTP: only these three can be judged
+    assert judged == ["Zero edits", "Response-only", "H's whole GRPO step is faster than M's"]
