@@ -144,19 +144,20 @@ def test_an_rl_batch_marks_as_response_exactly_the_labels_that_are_response_toke
     sys.path.insert(0, str(DRAFTER))
     try:
         import gpu_rl_drafter as bench
+        import rl_drafter_corpus as corpus
     finally:
         sys.path.remove(str(DRAFTER))
     args = bench.parse_args(["--seq", "40", "--batch", "6", "--prompt-len", "8", "--gen", "12"])
-    lang = bench.PhraseLanguage(64, 16, 1)
-    batch = bench.rl_batch(lang, lang, args, (3,), True)
+    lang = corpus.PhraseLanguage(64, 16, 1)
+    batch = corpus.rl_batch(lang, lang, args, (3,), True)
     labels = torch.roll(batch.ids, -1, dims=1)
     for row in range(6):
-        n = int((batch.ids[row, 8:] != bench.PAD).sum())  # phrase tokens are never the pad
-        assert 6 <= n <= 32 and bool((batch.ids[row, 8 + n :] == bench.PAD).all())
+        n = int((batch.ids[row, 8:] != corpus.PAD).sum())  # phrase tokens are never the pad
+        assert 6 <= n <= 32 and bool((batch.ids[row, 8 + n :] == corpus.PAD).all())
         marked = batch.response[row].nonzero().flatten().tolist()
         assert marked == list(range(7, 7 + n))
-        assert bool((labels[row, marked] != bench.PAD).all())
-    again = bench.rl_batch(lang, lang, args, (3,), False)
+        assert bool((labels[row, marked] != corpus.PAD).all())
+    again = corpus.rl_batch(lang, lang, args, (3,), False)
     assert torch.equal(again.ids, batch.ids) and not again.mtp_response_only
 
 
