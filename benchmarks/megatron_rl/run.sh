@@ -6,6 +6,7 @@
 #   run.sh arm NAME ARM K STEPS [launch.py options]   one GRPO run of train_rl.py (see launch.py)
 #   run.sh isolated NAME ARM K STEPS [...]   the same, in its own network, host-name and process
 #                                 namespaces, so that several arms can share the GPU at once
+#   run.sh together "NAME ARM K STEPS [...]" ...   several isolated arms at once; waits for all
 #   run.sh drafter NAME [gpu_rl_drafter.py options]   benchmarks/rl_drafter on the staged packages
 # Environment: TREE (a pinned tree's name, default core_v0.19.0: main's engine asserted with
 # k=2, see docs/benchmarks.md), SEED (1), OUT.
@@ -109,6 +110,18 @@ isolated() {
 fcntl.ioctl(socket.socket(socket.AF_INET, socket.SOCK_DGRAM), 0x8914,
             struct.pack(\"16sh22x\", b\"lo\", 0x1 | 0x8 | 0x40))"
         exec bash "$0" arm "$@"' "$HERE/run.sh" "$@"
+}
+
+together() {
+    # Only for what does not depend on time (rewards, acceptance, which steps trained MTP):
+    # arms that share the GPU time the sharing, and their headers say so (shared_gpu).
+    local spec
+    for spec in "$@"; do
+        # shellcheck disable=SC2086
+        isolated $spec &
+        sleep 1
+    done
+    wait
 }
 
 drafter() {
