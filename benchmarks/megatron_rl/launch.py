@@ -29,7 +29,9 @@ What it does, and why each step is needed:
 
 Arms: ``M`` megatron's default (mtp-hooks not imported); ``S`` ``train=skip,eval=skip``; ``H``
 ``train=run+detach,eval=skip`` with the response mask (``--no-mask`` drops it); ``A`` as H but
-``train=auto+detach`` under the controller. The log-prob passes are ``no_grad`` forwards, which
+``train=auto+detach`` under the controller; ``K`` as H but MTP trained toward the policy's own
+next-token distribution (``+objective:kl``), where the data are the policy's samples, as in RL
+they are. The log-prob passes are ``no_grad`` forwards, which
 mtp-hooks calls ``eval``; the policy-loss forward is ``train``; rollouts are never touched.
 """
 
@@ -56,7 +58,9 @@ POLICIES = {
     "S": "train=skip,eval=skip",
     "H": "train=run+detach,eval=skip",
     "A": "train=auto+detach,eval=skip",
+    "K": "train=run+detach+objective:kl,eval=skip",
 }
+MASKED = ("H", "A", "K")  # the arms whose MTP loss the response mask keeps to the response
 
 
 def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -64,7 +68,9 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--megatron-lm", required=True, help="the unpacked, pinned tree")
     parser.add_argument("--arm", required=True, choices=sorted(POLICIES))
     parser.add_argument("--record", required=True, help="the JSON-lines file of the steps")
-    parser.add_argument("--no-mask", action="store_true", help="H/A without the response mask")
+    parser.add_argument(
+        "--no-mask", action="store_true", help="H, A or K without the response mask"
+    )
     parser.add_argument(
         "--target",
         type=float,
@@ -127,7 +133,7 @@ def set_up_mtp_hooks(own: argparse.Namespace, train_rl_args: list[str]) -> dict[
     callbacks: dict[str, Any] = {
         "trained_mtp": lambda model: mtp_hooks.decide(model, "train").run,
     }
-    if own.arm in ("H", "A") and not own.no_mask:
+    if own.arm in MASKED and not own.no_mask:
         refuse_packing(train_rl_args)
         separator, end = token_ids(option(train_rl_args, "--tokenizer-model") or "")
 

@@ -243,6 +243,24 @@ def test_arm_a_registers_its_controller_at_the_first_rollouts_and_skips_mtp_once
     assert not mtp_hooks.decide(None, "eval").run  # the log-prob passes
 
 
+def test_arm_k_trains_mtp_detached_toward_the_policy_on_the_response_only(tmp_path):
+    import launch
+    import tokenizer
+
+    if not has_detach_field():
+        pytest.skip("+objective:kl needs +detach, which needs megatron-core 0.19")
+    directory = tokenizer.write(str(tmp_path))
+    own, _ = launch.parse(["--megatron-lm", "d", "--arm", "K", "--record", "r", "--"])
+    try:
+        launch.set_up_mtp_hooks(own, ["--tokenizer-model", directory])
+    finally:
+        mtp_hooks.auto_attach(False)
+    assert "response-only" in {info.name for info in mtp_hooks.plugins.list_plugins()}
+    train = mtp_hooks.decide(None, "train")
+    assert train.run and train.detach and train.objective == "kl" and train.temperature == 1.0
+    assert not mtp_hooks.decide(None, "eval").run  # the log-prob passes
+
+
 def test_the_recorder_tells_a_grpo_steps_phases_apart_on_a_real_model(build, batch, tmp_path):
     import steps
 
