@@ -259,12 +259,15 @@ class Paused:
 
 
 def train_step(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
-    """One training forward and backward: the loss and every parameter's gradient."""
+    """One training forward and backward: the loss and a copy of every parameter's gradient
+    (``None`` where it has none), so that a later step cannot change what a test compares."""
     model.zero_grad(set_to_none=True)
     model.train()
     loss = model(*batch.args(), labels=batch.labels)
     loss.sum().backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
+    return loss.detach(), {
+        n: None if p.grad is None else p.grad.detach().clone() for n, p in model.named_parameters()
+    }
 
 
 def forward_in(model, batch, phase: str) -> None:
