@@ -100,16 +100,25 @@ def _conflict(what: str, role: str | None, phase: str, listed: str, settle: tupl
     )
 
 
+def _agreeing(
+    answers: Any, what: str, role: str | None, phase: Any, settle: str, show: str = ""
+) -> dict[str, Any]:
+    """Plugins' ``(name, answer)`` pairs by name, once they all give one answer; else a
+    :class:`PolicyConflictError` listing each (formatted with ``show``) and the setting to
+    settle it with."""
+    by_name = dict(sorted(answers))
+    if len(set(by_name.values())) > 1:
+        listed = ", ".join(f"{name}={answer:{show}}" for name, answer in by_name.items())
+        raise PolicyConflictError(_conflict(what, role, str(phase), listed, (settle, settle)))
+    return by_name
+
+
 def _with_plugin_loss_scale(
     decision: Decision, model: Any, phase: Any, role: str | None
 ) -> Decision:
-    scales = dict(sorted(_registry().loss_scales(model, phase)))
-    if len(set(scales.values())) > 1:
-        listed = ", ".join(f"{name}={scale:g}" for name, scale in scales.items())
-        settle = ("run:0.1", "run:0.1")
-        raise PolicyConflictError(
-            _conflict("the MTP loss weight", role, str(phase), listed, settle)
-        )
+    scales = _agreeing(
+        _registry().loss_scales(model, phase), "the MTP loss weight", role, phase, "run:0.1", "g"
+    )
     if not scales:
         return decision
     weight = next(iter(scales.values()))
@@ -119,11 +128,13 @@ def _with_plugin_loss_scale(
 def _with_plugin_objective(
     decision: Decision, model: Any, phase: Any, role: str | None
 ) -> Decision:
-    answers = dict(sorted(_registry().objective_answers(model, phase)))
-    if len(set(answers.values())) > 1:
-        listed = ", ".join(f"{name}={answer}" for name, answer in answers.items())
-        settle = ("run+detach+objective:kl", "run+detach+objective:kl")
-        raise PolicyConflictError(_conflict("the MTP objective", role, str(phase), listed, settle))
+    answers = _agreeing(
+        _registry().objective_answers(model, phase),
+        "the MTP objective",
+        role,
+        phase,
+        "run+detach+objective:kl",
+    )
     objective = next(iter(answers.values()), "ce")
     if objective == "ce":
         return decision
@@ -139,11 +150,9 @@ def _with_plugin_objective(
 
 
 def _with_plugin_detach(decision: Decision, model: Any, phase: Any, role: str | None) -> Decision:
-    answers = dict(sorted(_registry().detach_votes(model, phase)))
-    if len(set(answers.values())) > 1:
-        listed = ", ".join(f"{name}={answer}" for name, answer in answers.items())
-        settle = ("run+detach", "run+detach")
-        raise PolicyConflictError(_conflict("detaching MTP", role, str(phase), listed, settle))
+    answers = _agreeing(
+        _registry().detach_votes(model, phase), "detaching MTP", role, phase, "run+detach"
+    )
     if not any(answers.values()):
         return decision
     return replace(decision, detach=True, detach_by=",".join(answers))
