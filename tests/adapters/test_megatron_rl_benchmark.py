@@ -219,7 +219,9 @@ def test_the_launcher_splits_its_own_options_from_train_rls():
     )
 
 
-def test_arm_a_registers_its_controller_at_the_first_rollouts_and_skips_mtp_once_good(tmp_path):
+def set_up_arm(arm: str, tmp_path) -> dict:
+    """``launch.set_up_mtp_hooks`` for ``arm`` with the task's tokenizer; auto-attach left off
+    afterwards. Returns the recorder's callbacks."""
     pytest.importorskip("tokenizers")
     import launch
     import tokenizer
@@ -227,11 +229,15 @@ def test_arm_a_registers_its_controller_at_the_first_rollouts_and_skips_mtp_once
     if not has_detach_field():
         pytest.skip("the arms clip MTP apart, which needs megatron-core 0.19's grad-norm groups")
     directory = tokenizer.write(str(tmp_path))
-    own, rest = launch.parse(["--megatron-lm", "d", "--arm", "A", "--record", "r", "--"])
+    own, _ = launch.parse(["--megatron-lm", "d", "--arm", arm, "--record", "r", "--"])
     try:
-        callbacks = launch.set_up_mtp_hooks(own, ["--tokenizer-model", directory])
+        return launch.set_up_mtp_hooks(own, ["--tokenizer-model", directory])
     finally:
         mtp_hooks.auto_attach(False)
+
+
+def test_arm_a_registers_its_controller_at_the_first_rollouts_and_skips_mtp_once_good(tmp_path):
+    callbacks = set_up_arm("A", tmp_path)
     names = {info.name for info in mtp_hooks.plugins.list_plugins()}
     assert "response-only" in names and "acceptance-controller" not in names
     assert mtp_hooks.decide(None, "train").run  # before any figures: train the drafter
@@ -244,17 +250,7 @@ def test_arm_a_registers_its_controller_at_the_first_rollouts_and_skips_mtp_once
 
 
 def test_arm_k_trains_mtp_detached_toward_the_policy_on_the_response_only(tmp_path):
-    import launch
-    import tokenizer
-
-    if not has_detach_field():
-        pytest.skip("+objective:kl needs +detach, which needs megatron-core 0.19")
-    directory = tokenizer.write(str(tmp_path))
-    own, _ = launch.parse(["--megatron-lm", "d", "--arm", "K", "--record", "r", "--"])
-    try:
-        launch.set_up_mtp_hooks(own, ["--tokenizer-model", directory])
-    finally:
-        mtp_hooks.auto_attach(False)
+    set_up_arm("K", tmp_path)
     assert "response-only" in {info.name for info in mtp_hooks.plugins.list_plugins()}
     train = mtp_hooks.decide(None, "train")
     assert train.run and train.detach and train.objective == "kl" and train.temperature == 1.0
