@@ -155,7 +155,10 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
         run = None  # [s, b]: how many depths a greedy chain from here accepts
         region = None  # [s, b]: depth 1 has this position
         for depth in range(depths):
-            logits, _ = model.output_layer(
+            # .forward, not the module call: a measurement projection must not reach the output
+            # layer's hooks, which count megatron's own projections (an objective's would take
+            # these for the depths' and megatron's first depth for the policy's)
+            logits, _ = model.output_layer.forward(
                 chunks[depth + 1],
                 weight=weight,
                 runtime_gather_output=request.runtime_gather_output,

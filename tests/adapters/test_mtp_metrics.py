@@ -464,7 +464,8 @@ def test_a_forward_stopped_before_the_policys_projection_leaves_no_hook_and_no_s
 
     def stop_at_the_policy(layer, args):
         calls["n"] += 1
-        if calls["n"] == 2 * DEPTHS + 1:  # ours for each depth, megatron's, then the policy's
+        if calls["n"] == DEPTHS + 1:  # megatron's for each depth, then the policy's (ours
+            # are made with .forward and reach no hook)
             raise RuntimeError("stopped before the policy's projection")
 
     stopper = model.output_layer.register_forward_pre_hook(stop_at_the_policy)

@@ -213,6 +213,20 @@ def test_an_interrupted_call_leaves_no_hook_and_the_next_one_trains(deep, batch)
     assert all(grads[n] is not None for n in grads if n.startswith("mtp."))
 
 
+def test_metrics_beside_an_objective_leave_its_gradients_bit_for_bit(deep, batch):
+    # +metrics projects each depth itself; the objective's hook on the output layer took those
+    # projections for megatron's, and megatron's first depth for the policy's
+    grads = {}
+    for policy in ("train=run+detach+objective:kl", "train=run+detach+objective:kl+metrics"):
+        model = deep(seed=6)
+        handle = mtp_hooks.attach(model)
+        mtp_hooks.configure(policy)
+        _, grads[policy] = train_step(model, batch)
+    alone, measured = grads.values()
+    assert all(torch.equal(alone[n], measured[n]) for n in alone if n.startswith("mtp."))
+    assert handle.metrics()["train"].forwards == 1
+
+
 def test_a_plugins_objective_trains_as_the_same_objective_from_the_config(deep, batch):
     from plugin_answers import answers
 
