@@ -423,6 +423,8 @@ def _run(name: str, arm: str, k: int, lengths: list[float], **meta: object) -> d
     """One run as report.load gives it: a header, then per step what the goals read."""
     layers = meta.pop("layers", 2)
     argv = ["--num-speculative-tokens", str(k), "--mtp-num-layers", str(layers)]
+    if meta.pop("graphs", False):
+        argv += ["--cuda-graph-impl", "local"]
     header = {"arm": arm, "mask": True, "megatron_lm": {"name": "t", "digest": "d"}, "argv": argv}
     steps = []
     for step, length in enumerate(lengths, 1):
@@ -451,10 +453,12 @@ def test_the_goals_find_their_runs_by_what_they_are_and_judge_only_what_was_meas
         _run("m", "M", 2, fourteen),
         _run("s", "S", 2, [1.0] * 10 + [0.7] * 4),
         _run("h", "H", 2, [1.0] * 10 + [0.95] * 4, tokens_per_s=150.0, logprob_s=0.5),
-        _run("a", "A", 2, [1.0] * 10 + [0.8] * 4, train_every=3),
+        _run("a", "A", 2, [1.0] * 10 + [0.8] * 3, train_every=3),
         _run("h0", "H", 0, fourteen, tokens_per_s=100.0, logprob_s=0.5),
         _run("n", "M", 0, fourteen, layers=0, logprob_s=0.495),
         _run("shared", "H", 2, fourteen, tokens_per_s=10.0, shared_gpu=True),
+        _run("hg", "H", 2, fourteen, tokens_per_s=90.0, graphs=True),
+        _run("hg0", "H", 0, fourteen, tokens_per_s=120.0, graphs=True),
     ]
     judged = goals.goals(runs)
 
@@ -463,11 +467,20 @@ def test_the_goals_find_their_runs_by_what_they_are_and_judge_only_what_was_meas
 
     assert verdict("Zero edits")[0] is True
     assert verdict("Freshness: S")[0] is True  # S fell by 0.3
-    assert verdict("Freshness: H and A") == (False, "h/M 0.95-0.95; a/M 0.80-0.80")
-    assert verdict("A trains MTP")[0] is True  # 4 of 14
+    assert verdict("Freshness: H and A") == (
+        False,
+        "h/M 0.95-0.95; a/M 0.80-0.80 (stopped after step 13 of 14)",
+    )
+    assert verdict("A trains MTP")[0] is True  # 4 of 13
     assert verdict("Response-only")[0] is False  # 0.95 < 1.0 at the last step
-    assert verdict("Rollouts") == (True, "H: 150 against 100 tokens/s (1.50x)")  # not shared
-    assert verdict("The log-prob passes")[0] is True  # 1.0 against 0.99 s: within 2%
+    # the shared run is left out; the eager pair meets the goal, the graphs pair is beside it
+    assert verdict("Rollouts") == (
+        True,
+        "H eager: 150 against 100 tokens/s (1.50x); "
+        "H local graphs: 90 against 120 tokens/s (0.75x)",
+    )
+    logprob = verdict("The log-prob passes")
+    assert logprob[0] is True and "(h0 against n)" in logprob[1]  # like for like: k=0, eager
     faster = verdict("H's whole GRPO step")
     assert faster[0] is True and "saved 1.00" in faster[1]
     assert verdict("No interference")[0] is None  # no rerun: not measured
