@@ -35,8 +35,12 @@ class MTPMetrics:
             recorded it (figures from an engine's counters).
         sampled_chain_acceptance: Per depth ``k``, the mean product of those chances for
             depths ``1..k``: the chance a sampling engine accepts the first ``k`` drafts.
-        sampled_accepted_length: Their sum: the draft tokens a sampling engine expects to
-            accept per position, or ``None`` where nothing recorded it.
+        sampled_accepted_length: The draft tokens a sampling engine expects to accept per
+            verify step, or ``None`` where nothing recorded it. Like ``accepted_length``, it
+            follows the engine's walk: a position counts with the chance that the engine
+            verifies there, and positions inside accepted chains are skipped. So it is not the
+            sum of ``sampled_chain_acceptance``, which weighs every position alike and reads
+            high wherever easy positions follow each other.
 
     Example:
         >>> from mtp_hooks import MTPMetrics

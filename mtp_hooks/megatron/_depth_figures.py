@@ -17,7 +17,7 @@ from megatron.core.transformer import multi_token_prediction as _mtp
 
 from .._metrics import MTPMetrics
 from . import _vocab_parallel
-from ._engine_walk import engine_walk
+from ._engine_walk import engine_walk, expected_walk
 
 
 @dataclass
@@ -85,9 +85,11 @@ _WALK_ACCEPTED, _WALK_STEPS = 6, 7
 # chance that a draft drawn from the depth's distribution equals a token drawn from the policy's,
 # summed over the positions that count, the product of those chances along the chain summed
 # over the chained positions, and the two position counts (zero when the forward never reached
-# the policy's projection).
+# the policy's projection). The last two rows hold, in column 0 only, the draft tokens a
+# sampling engine's walk accepts and its verify steps, both expected (see ``expected_walk``).
 _SAMPLED, _SAMPLED_CHAIN, _SAMPLED_POSITIONS, _SAMPLED_CHAIN_POSITIONS = 8, 9, 10, 11
-ROWS = 12
+_SAMPLED_WALK_ACCEPTED, _SAMPLED_WALK_STEPS = 12, 13
+ROWS = 14
 
 
 @dataclass
@@ -115,10 +117,13 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
     accepted = float(values[_WALK_ACCEPTED, 0] / values[_WALK_STEPS, 0].clamp(min=1))
     sampled: list[float] = []
     sampled_chain: list[float] = []
+    sampled_length = None
     if bool(values[_SAMPLED_POSITIONS].any()):  # the forwards reached the policy's projection
         sampled = (values[_SAMPLED] / values[_SAMPLED_POSITIONS].clamp(min=1)).tolist()
         positions = values[_SAMPLED_CHAIN_POSITIONS].clamp(min=1)
         sampled_chain = (values[_SAMPLED_CHAIN] / positions).tolist()
+        walked = values[_SAMPLED_WALK_STEPS, 0].clamp(min=1e-12)
+        sampled_length = float(values[_SAMPLED_WALK_ACCEPTED, 0] / walked)
     return MTPMetrics(
         loss=tuple(loss),
         acceptance=tuple(acceptance),
@@ -128,7 +133,7 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
         accepted_length=accepted,
         sampled_acceptance=tuple(sampled),
         sampled_chain_acceptance=tuple(sampled_chain),
-        sampled_accepted_length=sum(sampled_chain) if sampled_chain else None,
+        sampled_accepted_length=sampled_length,
     )
 
 
@@ -209,7 +214,8 @@ def sampled_values(
     policy's ``p``, and accepts a draft only when the two are equal: at depth ``d`` and
     position ``i`` that happens with chance ``sum_x q(x) p_{i+d}(x)``. ``p`` comes from
     ``policy``, the logits megatron's own projection of the forward gave (no projection of
-    ours); a chain takes the product along it, each depth read at the sequence's own tokens."""
+    ours); a chain takes the product along it, each depth read at the sequence's own tokens.
+    The accepted length follows the engine's walk over those chances (:func:`expected_walk`)."""
     depths = len(drafts.logits)
     with torch.no_grad():
         if getattr(model.config, "use_mup", False):
@@ -218,6 +224,7 @@ def sampled_values(
         log_probs = _vocab_parallel.log_softmax(policy.float(), group)
         values = torch.zeros(ROWS, depths, device=policy.device)
         chain = None
+        chains = []  # per depth, [s, b]: the chance a chain from here accepts depths 1..d
         ahead = policy_ahead(log_probs, depths, roller(model, request))
         for depth, target in enumerate(ahead):
             draft = _vocab_parallel.log_softmax(drafts.logits[depth].float(), group)
@@ -228,6 +235,12 @@ def sampled_values(
             values[_SAMPLED_CHAIN, depth] = (chain * present).sum()
             values[_SAMPLED_POSITIONS, depth] = valid.sum()
             values[_SAMPLED_CHAIN_POSITIONS, depth] = present.sum()
+            chains.append(chain * present)
+        if chains:
+            accepted, steps = expected_walk(
+                torch.stack(chains, dim=-1).transpose(0, 1), drafts.valid[0].t()
+            )
+            values[_SAMPLED_WALK_ACCEPTED, 0], values[_SAMPLED_WALK_STEPS, 0] = accepted, steps
         return values
 
 

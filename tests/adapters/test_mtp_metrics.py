@@ -431,7 +431,9 @@ def test_the_sampled_acceptance_is_the_chance_a_sampled_draft_equals_a_sampled_t
     seq = policy.shape[0]
     sums, chain_sums = [0.0] * DEPTHS, [0.0] * DEPTHS
     counts, chain_counts = [0] * DEPTHS, [0] * DEPTHS
+    walk_accepted = walk_steps = 0.0
     for b in range(policy.shape[1]):
+        reach = [[1.0] + [0.0] * DEPTHS for _ in range(seq)]  # chance of accepting >= n drafts
         for i in range(seq):
             product, present = 1.0, True
             for d in range(1, DEPTHS + 1):
@@ -446,11 +448,26 @@ def test_the_sampled_acceptance_is_the_chance_a_sampled_draft_equals_a_sampled_t
                 if present:
                     chain_sums[d - 1] += product
                     chain_counts[d - 1] += 1
+                    reach[i][d] = product
+        # the sampling engine's walk: verify at a region's start, jump 1 + n with the chance
+        # of accepting exactly n drafts, never verify where no draft starts (mask 0 ahead)
+        region = [i + 1 < seq and loss_mask[b, i + 1] != 0 for i in range(seq)]
+        visit = [0.0] * seq
+        for i in range(seq):
+            if not region[i]:
+                continue
+            visit[i] += 1.0 if i == 0 or not region[i - 1] else 0.0
+            ahead = [*reach[i], 0.0]
+            for n, chance in enumerate(a - b for a, b in zip(ahead, ahead[1:], strict=False)):
+                if i + n + 1 < seq and region[i + n + 1]:
+                    visit[i + n + 1] += visit[i] * chance
+            walk_accepted += visit[i] * sum(reach[i][1:])
+            walk_steps += visit[i]
     want = [s / n for s, n in zip(sums, counts, strict=True)]
     want_chain = [s / n for s, n in zip(chain_sums, chain_counts, strict=True)]
     assert got.sampled_acceptance == pytest.approx(want, rel=1e-4)
     assert got.sampled_chain_acceptance == pytest.approx(want_chain, rel=1e-4)
-    assert got.sampled_accepted_length == pytest.approx(sum(want_chain), rel=1e-4)
+    assert got.sampled_accepted_length == pytest.approx(walk_accepted / walk_steps, rel=1e-4)
     assert 0 < want_chain[1] < want_chain[0] < 1
 
 
