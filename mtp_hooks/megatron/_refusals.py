@@ -110,8 +110,10 @@ def detach_refusal(config: Any, graphs: str | None) -> str | None:
         return (
             "this megatron-core's TransformerConfig has no mtp_detach_heads field (it came in "
             "megatron-core 0.19), and that field is how each forward is told to detach MTP's "
-            "inputs. Upgrade megatron-core, or drop '+detach' (mtp_hooks.freeze_trunk trains "
-            "the MTP weights alone)"
+            "inputs; its optimizer also clips one global gradient norm, with no group for the "
+            "MTP weights, so even a detached MTP would change the trunk's clip coefficient. "
+            "Upgrade megatron-core, or drop '+detach' (mtp_hooks.freeze_trunk trains the MTP "
+            "weights alone)"
         )
     if graphs is not None:
         return (
