@@ -138,6 +138,8 @@ def metrics_under_tp(rank: int) -> dict:
     import torch.nn.functional as F
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
+    from mtp_hooks.megatron._engine_walk import expected_walk
+
     depths = 2
     spec = tiny_models.TinySpec(
         seq_length=SEQ,
@@ -177,10 +179,18 @@ def metrics_under_tp(rank: int) -> dict:
     winners_on_rank1 = int((depth1 >= VOCAB // 2).sum())
     policy = torch.softmax(chunks[0] @ weight.t(), dim=-1)  # [s, b, VOCAB]
     sampled = []  # sampled drafts and target: the chance the two are equal, sum_x q(x) p(x)
+    chain = torch.zeros(policy.shape[1], SEQ, depths, dtype=torch.float64)  # [b, s, depth]
+    reach = torch.ones(SEQ, policy.shape[1], dtype=torch.float64)
     for depth in range(depths):
         drafts = torch.softmax(chunks[depth + 1] @ weight.t(), dim=-1)[: SEQ - depth - 1]
         ahead = policy[depth + 1 :]  # the policy at i + depth + 1
-        sampled.append(float((drafts * ahead).sum(-1).mean()))
+        chance = (drafts * ahead).sum(-1)  # [s - depth - 1, b]
+        sampled.append(float(chance.mean()))
+        reach = reach[: SEQ - depth - 1] * chance.double()
+        chain[:, : SEQ - depth - 1, depth] = reach.t()
+    region = torch.zeros(policy.shape[1], SEQ, dtype=torch.bool)
+    region[:, : SEQ - 1] = True  # depth 1 drafts from every position with a next token
+    walk_accepted, walk_steps = expected_walk(chain, region)
     keep = KeepMetrics()
     mtp_hooks.plugins.register(keep)
     mtp_hooks.attach(model)
@@ -204,6 +214,7 @@ def metrics_under_tp(rank: int) -> dict:
         "winners_on_rank1": winners_on_rank1,
         "eval": [list(in_eval.loss), list(in_eval.acceptance)],
         "sampled": [sampled, list(in_eval.sampled_acceptance)],
+        "sampled_length": [float(walk_accepted / walk_steps), in_eval.sampled_accepted_length],
         "training": [list(in_training.loss), list(in_training.acceptance)],
         "megatron": [tracker[losses_key].tolist(), megatron_acceptance],
     }

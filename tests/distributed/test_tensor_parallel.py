@@ -79,7 +79,10 @@ def test_tp2_metrics_equal_a_whole_vocabulary_reference_on_every_rank(tp_metrics
         assert acceptance[0] > 0.45  # the labels were made to agree at half the positions
         reference, sampled = result["sampled"]  # the policy's probability of each draft
         assert sampled == pytest.approx(reference, rel=1e-5) and all(0 < p < 1 for p in sampled)
+        walked, recorded = result["sampled_length"]  # the engine's walk over those chances
+        assert recorded == pytest.approx(walked, rel=1e-5)
     assert tp_metrics[0]["eval"] == tp_metrics[1]["eval"]
+    assert tp_metrics[0]["sampled_length"] == tp_metrics[1]["sampled_length"]
 
 
 def test_tp2_metrics_equal_megatrons_own_training_log(tp_metrics):
