@@ -31,6 +31,10 @@ def init_rank(rank: int, world: int, port: int, tp: int, pp: int = 1, cp: int = 
     import torch
     from megatron.core import parallel_state, tensor_parallel
 
+    # One thread per rank: the ranks of a test share the machine's cores, and under that load
+    # an OpenMP runtime may give a parallel region fewer threads than asked, which splits a
+    # reduction differently and changes its last bits. The tests compare runs bit for bit.
+    torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     torch.distributed.init_process_group("gloo", rank=rank, world_size=world)
