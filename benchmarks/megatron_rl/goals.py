@@ -59,15 +59,20 @@ def rewards(run: dict[str, Any]) -> list[float]:
     return [s["reward"] for s in run["steps"] if s.get("reward") is not None]
 
 
+def step_sums(run: dict[str, Any], *keys: str) -> list[float]:
+    """The sum of ``keys`` at each step from step 2 on that has them all (step 1 starts up)."""
+    return [sum(s[k] for k in keys) for s in run["steps"][1:] if all(k in s for k in keys)]
+
+
 def median_of(run: dict[str, Any], *keys: str) -> float | None:
     """The median over steps 2 on of the sum of ``keys``, where a step has them all."""
-    values = [sum(s[k] for k in keys) for s in run["steps"][1:] if all(k in s for k in keys)]
+    values = step_sums(run, *keys)
     return statistics.median(values) if values else None
 
 
 def spread(run: dict[str, Any], *keys: str) -> str:
     """The lowest and highest sum of ``keys`` over steps 2 on: how far one run's steps vary."""
-    values = [sum(s[k] for k in keys) for s in run["steps"][1:] if all(k in s for k in keys)]
+    values = step_sums(run, *keys)
     return f"{min(values):.2f}-{max(values):.2f}" if values else "-"
 
 

@@ -41,9 +41,14 @@ def engine_walk(run: torch.Tensor, region: torch.Tensor) -> tuple[torch.Tensor, 
         accepted = accepted + accepted.gather(1, nxt)
         steps = steps + steps.gather(1, nxt)
         nxt = nxt.gather(1, nxt)
-    before = torch.cat([torch.zeros_like(region[:, :1]), region[:, :-1]], dim=1)
-    starts = region & ~before
+    starts = _starts(region)
     return accepted[:, :seq][starts].sum().float(), steps[:, :seq][starts].sum().float()
+
+
+def _starts(region: torch.Tensor) -> torch.Tensor:
+    """``[b, s]`` bool: the first position of each region, where an engine's walk begins."""
+    before = torch.cat([torch.zeros_like(region[:, :1]), region[:, :-1]], dim=1)
+    return region & ~before
 
 
 def expected_walk(chain: torch.Tensor, region: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,8 +76,7 @@ def expected_walk(chain: torch.Tensor, region: torch.Tensor) -> tuple[torch.Tens
         [inside.unsqueeze(-1), chain.to(torch.float64), inside.new_zeros(batch, seq, 1)], dim=-1
     )  # [b, s, depth + 2]: the chance of accepting at least n drafts, n = 0..depth + 1
     landing = reach[..., :-1] - reach[..., 1:]  # [b, s, jumps]: exactly n accepted
-    before = torch.cat([inside.new_zeros(batch, 1), inside[:, :-1]], dim=1)
-    starts = inside * (1 - before)
+    starts = _starts(region).to(torch.float64)
     size = jumps + 1  # the state: v(j), v(j - 1), ..., v(j - jumps + 1), and 1
     step = inside.new_zeros(batch, seq, size, size)
     for m in range(1, jumps + 1):  # v(j) gains v(j - m) times the chance of a jump of m

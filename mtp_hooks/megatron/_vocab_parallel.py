@@ -73,15 +73,3 @@ class _SumOverShards(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         return grad, None
-
-
-def probability_of(log_probs: torch.Tensor, tokens: torch.Tensor, group: Any) -> torch.Tensor:
-    """``[s, b]``: the probability each position's ``log_probs`` (``[s, b, v]``, this rank's
-    shard) give to the global token id in ``tokens`` (``[s, b]``), whichever rank holds it."""
-    shard = log_probs.shape[-1]
-    offset = 0 if group is None else torch.distributed.get_rank(group) * shard
-    local = tokens - offset
-    here = (local >= 0) & (local < shard)
-    picked = log_probs.gather(-1, local.clamp(0, shard - 1).unsqueeze(-1)).squeeze(-1)
-    probability = torch.where(here, picked.exp(), torch.zeros_like(picked))
-    return probability if group is None else _all_reduce(probability, group)
