@@ -19,6 +19,13 @@ among the *accepted draft tokens* does not end it, and the tokens sampled after 
 The agent therefore cuts each trajectory after its first generated end token (and its
 log-probs with it), which is what the engine returns when it ends the request there, and
 reports the tokens it cut to :mod:`steps`, so every run says how often it happened.
+
+**No length cap.** ``train_rl.py`` asks for up to ``--inference-max-seq-length`` tokens, and
+the chat client of ``megatron.rl.inference.megatron`` sends no ``max_tokens`` to the engine
+at all, so an agent cannot cap its requests through ``generation_args``: a request runs until
+it samples the end token or fills the engine's sequence length. A request that runs on after
+an accepted end token can therefore reach that length, and there, with drafting, the engine
+asserts (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -28,11 +35,8 @@ from typing import Any
 import steps
 from megatron.rl.agent.reward_only_agent import RewardOnlyAgent
 from pydantic import PrivateAttr
-from task import ANSWER_LENGTH, EOS, answer_numbers, problem, reward, vocabulary
+from task import EOS, answer_numbers, problem, reward, vocabulary
 
-# An answer is ANSWER_LENGTH numbers and the end token; a few more tokens let a wrong answer
-# run long (and cost reward) without ever filling the engine's sequence length.
-MAX_TOKENS = ANSWER_LENGTH + 8
 END = vocabulary().index(EOS)  # the tokenizer's ids are the vocabulary's order
 
 
@@ -74,15 +78,6 @@ class CountAgent(RewardOnlyAgent):
         self, num_prompts: int, validation: bool = False
     ) -> list[tuple[str, dict[str, Any]]]:
         return [self._golden(i, True) for i in range(num_prompts)]
-
-    async def _run_episode(self, request: Any, **kwargs: Any) -> Any:
-        # megatron asks for up to --inference-max-seq-length tokens; this task's answers are
-        # short, so the agent caps its own requests (an agent's choice, not megatron's code).
-        generation = request.generation_args
-        cap = min(generation.max_tokens or MAX_TOKENS, MAX_TOKENS)
-        generation = generation.model_copy(update={"max_tokens": cap})
-        request = request.model_copy(update={"generation_args": generation})
-        return await super()._run_episode(request, **kwargs)
 
     async def get_reward(self, response: str, golden: dict[str, Any], finish_reason: str) -> float:
         return reward(response, golden["last"])

@@ -50,6 +50,7 @@ for tree in pins["trees"]:
 PY
 tar -cf "$OUT/bundle.tar" -C "$DL" .
 rm -rf "$OUT/parts" && mkdir -p "$OUT/parts"
-split -n 7 -d "$OUT/bundle.tar" "$OUT/parts/p"
+# 52 MiB a part leaves 12 MiB of a call for the work tree, which grows with its records.
+split -b 52M -d "$OUT/bundle.tar" "$OUT/parts/p"
 sha256sum "$OUT/bundle.tar" | cut -d' ' -f1 > "$OUT/parts/SHA256"
 ls -l "$OUT/parts"

@@ -8,6 +8,7 @@
 #                                 namespaces, so that several arms can share the GPU at once
 #   run.sh together "NAME ARM K STEPS [...]" ...   several isolated arms at once; waits for all
 #   run.sh drafter NAME [gpu_rl_drafter.py options]   benchmarks/rl_drafter on the staged packages
+#   run.sh gpu_tests [pytest options]   tests/gpu against the staged tree and Transformer Engine
 # Environment: TREE (a pinned tree's name, default core_v0.19.0: main's engine asserted with
 # k=2, see docs/benchmarks.md), SEED (1), OUT.
 set -uo pipefail
@@ -132,6 +133,15 @@ drafter() {
     timeout -k 10 "${ARM_TIMEOUT:-600}" python3 "$REPO/benchmarks/rl_drafter/gpu_rl_drafter.py" \
         --out "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
     say "drafter $name rc=$?"
+}
+
+gpu_tests() {
+    site_env
+    export PYTHONPATH="/tmp/mlm/$TREE:$PYTHONPATH"
+    say "gpu_tests $*"
+    (cd "$REPO" && timeout -k 10 "${ARM_TIMEOUT:-600}" python3 -m pytest tests/gpu -v -rA "$@") \
+        >"$OUT/gpu_tests.log" 2>&1
+    say "gpu_tests rc=$? $(tail -1 "$OUT/gpu_tests.log")"
 }
 
 "$@"

@@ -7,7 +7,7 @@
 # trained MTP) run together, isolated, beside the drafter benchmark of issue #40; every run that
 # is timed runs alone afterwards, once those have ended.
 set -uo pipefail
-RUN="$(cd "$(dirname "$0")" && pwd)/run.sh"
+RUN="$(cd "$(dirname "$0")/.." && pwd)/run.sh"
 
 bash "$RUN" stage || exit 1
 ARM_TIMEOUT=1000 bash "$RUN" drafter drafter_sampled \
