@@ -9,6 +9,9 @@
 #   run.sh together "NAME ARM K STEPS [...]" ...   several isolated arms at once; waits for all
 #   run.sh drafter NAME [gpu_rl_drafter.py options]   benchmarks/rl_drafter on the staged packages
 #   run.sh gpu_tests [pytest options]   tests/gpu against the staged tree and Transformer Engine
+#   run.sh collect [SECONDS]      wait (540 s at most) for a session under sessions/ started in
+#                                 the background with OUT=$RESULTS (/tmp/res), then pack it
+#                                 into $OUT/results.tgz
 # Environment: TREE (a pinned tree's name, default core_v0.19.0: main's engine asserted with
 # k=2, see docs/benchmarks.md), SEED (1), OUT.
 set -uo pipefail
@@ -142,6 +145,23 @@ gpu_tests() {
     (cd "$REPO" && timeout -k 10 "${ARM_TIMEOUT:-600}" python3 -m pytest tests/gpu -v -rA "$@") \
         >"$OUT/gpu_tests.log" 2>&1
     say "gpu_tests rc=$? $(tail -1 "$OUT/gpu_tests.log")"
+}
+
+collect() {
+    # A device call lasts 10 minutes at most, so a session runs in the background and later
+    # calls collect it. The machine can be taken back between two calls, and the next call
+    # then lands on a fresh one without the results: say so at once instead of waiting.
+    local results="${RESULTS:-/tmp/res}" seconds="${1:-540}" waited=0
+    if [ ! -d "$results" ]; then
+        echo "collect: no $results on this machine: it is a fresh one, and the session is lost"
+        return 3
+    fi
+    while [ "$waited" -lt "$seconds" ] && pgrep -f "megatron_rl/sessions/" >/dev/null; do
+        sleep 10; waited=$((waited + 10))
+    done
+    tar czf "$OUT/results.tgz" -C "$results" .
+    grep -h "^>>" "$results/log.txt" 2>/dev/null | tail -20
+    pgrep -f "megatron_rl/sessions/" >/dev/null && echo "collect: still running" || echo "collect: done"
 }
 
 "$@"
