@@ -232,10 +232,10 @@ def sampled_values(
             chain = accept if chain is None else chain * accept
             valid, present = drafts.valid[depth], drafts.present[depth]
             values[_SAMPLED, depth] = (accept * valid).sum()
-            values[_SAMPLED_CHAIN, depth] = (chain * present).sum()
+            chains.append(chain * present)
+            values[_SAMPLED_CHAIN, depth] = chains[-1].sum()
             values[_SAMPLED_POSITIONS, depth] = valid.sum()
             values[_SAMPLED_CHAIN_POSITIONS, depth] = present.sum()
-            chains.append(chain * present)
         if chains:
             accepted, steps = expected_walk(
                 torch.stack(chains, dim=-1).transpose(0, 1), drafts.valid[0].t()

@@ -92,5 +92,5 @@ def expected_walk(chain: torch.Tensor, region: torch.Tensor) -> tuple[torch.Tens
         step = torch.cat([step[:, :offset], later], dim=1)
         offset *= 2
     visits = step[..., 0, jumps]  # [b, s]: v(j), from the state before the first position
-    accepted = (visits * chain.to(torch.float64).sum(dim=-1)).sum()
+    accepted = (visits * reach[..., 1:-1].sum(dim=-1)).sum()  # the chain's chances, in float64
     return accepted.float(), visits.sum().float()
