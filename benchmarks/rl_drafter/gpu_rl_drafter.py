@@ -249,7 +249,13 @@ def run(args, save=lambda results: None) -> dict:
 
 
 def summary_row(row: dict) -> dict:
-    out = {"step": row.get("step"), "tf_len": round(row["teacher_forced"]["accepted_length"], 3)}
+    tf = row["teacher_forced"]
+    out = {"step": row.get("step"), "tf_len": round(tf["accepted_length"], 3)}
+    if tf.get("sampled_accepted_length") is not None:
+        # Both sampled figures, so that a run cut short keeps them in its log: the walk, and
+        # the per-position mean (the sum of the chain chances) that it replaced.
+        out["tf_sampled_len"] = round(tf["sampled_accepted_length"], 3)
+        out["tf_sampled_mean"] = round(sum(tf["sampled_chain_acceptance"]), 3)
     for k, e in row["engine"].items():
         out[f"k{k}_tok_s"] = round(e["tokens_per_s"], 1)
         if "accepted_length" in e:
