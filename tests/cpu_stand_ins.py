@@ -40,3 +40,14 @@ def keep_cuda_copies_on_cpu() -> None:
     import torch
 
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
+
+
+def build_causal_masks_on_cpu() -> None:
+    """megatron's local softmax builds its default causal mask on CUDA when a call passes no
+    mask (``get_default_causal_mask``, fused_softmax.py); in a CPU test process, on the CPU."""
+    import torch
+    from megatron.core.fusions import fused_softmax
+
+    fused_softmax.get_default_causal_mask = lambda sq: torch.triu(  # type: ignore[assignment]
+        torch.ones(sq, sq, dtype=torch.bool), diagonal=1
+    )

@@ -8,6 +8,7 @@
 #                                 namespaces, so that several arms can share the GPU at once
 #   run.sh together "NAME ARM K STEPS [...]" ...   several isolated arms at once; waits for all
 #   run.sh drafter NAME [gpu_rl_drafter.py options]   benchmarks/rl_drafter on the staged packages
+#   run.sh script NAME FILE [options]   one of the repository's scripts on the staged packages
 #   run.sh gpu_tests [pytest options]   tests/gpu against the staged tree and Transformer Engine
 #   run.sh collect [SECONDS]      wait (540 s at most) for a session under sessions/ started in
 #                                 the background with OUT=$RESULTS (/tmp/res), then pack it
@@ -136,6 +137,15 @@ drafter() {
     timeout -k 10 "${ARM_TIMEOUT:-600}" python3 "$REPO/benchmarks/rl_drafter/gpu_rl_drafter.py" \
         --out "$OUT/$name" "$@" >"$OUT/$name.log" 2>&1
     say "drafter $name rc=$?"
+}
+
+script() {
+    site_env
+    local name="$1"; shift
+    export PYTHONPATH="/tmp/mlm/$TREE:$PYTHONPATH"
+    say "script $name: $*"
+    (cd "$REPO" && timeout -k 10 "${ARM_TIMEOUT:-600}" python3 "$@") >"$OUT/$name.log" 2>&1
+    say "script $name rc=$?"
 }
 
 gpu_tests() {

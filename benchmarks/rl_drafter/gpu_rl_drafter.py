@@ -256,10 +256,15 @@ def summary_row(row: dict) -> dict:
         # the per-position mean (the sum of the chain chances) that it replaced.
         out["tf_sampled_len"] = round(tf["sampled_accepted_length"], 3)
         out["tf_sampled_mean"] = round(sum(tf["sampled_chain_acceptance"]), 3)
+    if tf.get("engine_view"):
+        out["tf_engine_len"] = round(tf["engine_view"]["accepted_length"], 3)
+        out["tf_engine_sampled_len"] = round(tf["engine_view"]["sampled_accepted_length"], 3)
     for k, e in row["engine"].items():
         out[f"k{k}_tok_s"] = round(e["tokens_per_s"], 1)
         if "accepted_length" in e:
             out[f"k{k}_len"] = round(e["accepted_length"], 3)
+        if "alone_accepted_length" in e:
+            out[f"k{k}_alone_len"] = round(e["alone_accepted_length"], 3)
     out["rec_k"] = row.get("recommended_k")
     return out
 
