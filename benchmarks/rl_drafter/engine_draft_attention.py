@@ -51,6 +51,7 @@ def main(argv: list[str] | None = None) -> dict:
     tokens = torch.randint(0, spec.vocab_size, (1, n), device=device)
     positions = torch.arange(n, device=device).unsqueeze(0) + 5
 
+    @torch.no_grad()
     def draft(hid: torch.Tensor, tok: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
         _, logits = model.compute_mtp_single_step(
             hidden_states=hid, next_token_ids=tok, position_ids=where, depth=0
