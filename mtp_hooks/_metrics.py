@@ -41,6 +41,17 @@ class MTPMetrics:
             verifies there, and positions inside accepted chains are skipped. So it is not the
             sum of ``sampled_chain_acceptance``, which weighs every position alike and reads
             high wherever easy positions follow each other.
+        single_position_accepted_length: ``accepted_length`` over drafts computed the way
+            megatron-core's inference engine computes them (``compute_mtp_single_step``,
+            0.18 on): each depth runs on the drafted position alone, so its attention sees
+            no earlier position of the sequence, where training's MTP forward sees them all.
+            It predicts megatron's engine drafting one request at a time; engines that keep
+            the MTP layer's own cache (vLLM, SGLang) draft as trained, which
+            ``accepted_length`` follows. ``None`` where it was not computed: megatron-core
+            without ``compute_mtp_single_step``, sequence parallelism, no ``input_ids``, or
+            figures from an engine's counters.
+        single_position_sampled_accepted_length: ``sampled_accepted_length`` over those
+            drafts, or ``None`` where either is missing.
 
     Example:
         >>> from mtp_hooks import MTPMetrics
@@ -58,3 +69,5 @@ class MTPMetrics:
     sampled_acceptance: tuple[float, ...] = ()
     sampled_chain_acceptance: tuple[float, ...] = ()
     sampled_accepted_length: float | None = None
+    single_position_accepted_length: float | None = None
+    single_position_sampled_accepted_length: float | None = None

@@ -25,7 +25,27 @@ from ..hookspecs import hookimpl
 if TYPE_CHECKING:
     import torch
 
-METRICS = ("accepted_length", "acceptance", "chain_acceptance", "sampled_accepted_length")
+METRICS = (
+    "accepted_length",
+    "acceptance",
+    "chain_acceptance",
+    "sampled_accepted_length",
+    "single_position_accepted_length",
+    "single_position_sampled_accepted_length",
+)
+# The whole-sequence figures that only some MTPMetrics carry, and how to get them
+_OPTIONAL = {
+    "sampled_accepted_length": (
+        "an engine's counters, from acceptance_from_counts or acceptance_from_megatron, carry "
+        "none); record with +metrics"
+    ),
+    "single_position_accepted_length": (
+        "an engine's counters carry none, and +metrics computes it only where megatron-core "
+        "has compute_mtp_single_step (0.18 on) and sequence parallelism is off); record with "
+        "+metrics there"
+    ),
+}
+_OPTIONAL["single_position_sampled_accepted_length"] = _OPTIONAL["single_position_accepted_length"]
 MAX_WINDOW = 1_000_000  # updates pooled at most: far beyond any run's, and a deque can hold it
 
 
@@ -49,7 +69,10 @@ class AcceptanceController:
         metric: ``"accepted_length"`` (greedy drafts accepted per verify step, the default),
             ``"acceptance"`` or ``"chain_acceptance"`` (at ``depth``), or
             ``"sampled_accepted_length"`` (drafts a sampling engine expects to accept, from
-            ``+metrics`` alone: no rollout needed; an engine's counters do not carry it).
+            ``+metrics`` alone: no rollout needed; an engine's counters do not carry it), or
+            ``"single_position_accepted_length"`` and
+            ``"single_position_sampled_accepted_length"`` (the same two over drafts computed
+            as megatron-core's engine computes them; see :class:`~mtp_hooks.MTPMetrics`).
         depth: The MTP depth that ``acceptance``/``chain_acceptance`` read (1 = first).
         window: How many :meth:`update` calls' figures are pooled for a decision (1 to
             1,000,000).
@@ -143,10 +166,10 @@ class AcceptanceController:
                     "(from handle.metrics(), a recorded forward, or acceptance_from_counts)"
                 )
         batch, self.pending = [*self.pending, *metrics], []
-        whole = ("accepted_length", "sampled_accepted_length")
-        usable = [m for m in batch if self.metric in whole or len(m.tokens) >= self.depth]
-        unsampled = self.metric == "sampled_accepted_length" and any(
-            m.tokens and m.sampled_accepted_length is None for m in usable
+        whole = self.metric == "accepted_length" or self.metric in _OPTIONAL
+        usable = [m for m in batch if whole or len(m.tokens) >= self.depth]
+        unsampled = self.metric in _OPTIONAL and any(
+            m.tokens and getattr(m, self.metric) is None for m in usable
         )
         # A figure that is not finite (a NaN from an empty or broken forward) is ignored: it
         # never enters the window and never counts as reaching the target.
@@ -158,15 +181,13 @@ class AcceptanceController:
             sum(v for v, _ in pooled_each),
             sum(w for _, w in pooled_each),
             float(len(batch) - len(usable)),  # figures of a model shallower than ``depth``
-            float(unsampled),  # figures without a sampled acceptance (an engine's counts)
+            float(unsampled),  # figures without the watched one (an engine's counts)
         )
         value_sum, weight, shallow, unsampled_ranks = _reduce(total, self.group)
         if unsampled_ranks:  # on every rank alike: the count went through the collective
             raise PolicyError(
-                "AcceptanceController: sampled_accepted_length was asked for, but figures "
-                "without it were given (an engine's counters, from acceptance_from_counts or "
-                "acceptance_from_megatron, carry none); record with +metrics, or watch "
-                "accepted_length"
+                f"AcceptanceController: {self.metric} was asked for, but figures without it "
+                f"were given ({_OPTIONAL[self.metric]}, or watch accepted_length"
             )
         if shallow:  # on every rank alike: the count went through the collective
             raise PolicyError(
@@ -191,8 +212,8 @@ class AcceptanceController:
             return (0.0, 0.0)
         if self.metric == "accepted_length":
             return (m.accepted_length * m.tokens[0], float(m.tokens[0]))
-        if self.metric == "sampled_accepted_length":
-            return ((m.sampled_accepted_length or 0.0) * m.tokens[0], float(m.tokens[0]))
+        if self.metric in _OPTIONAL:
+            return ((getattr(m, self.metric) or 0.0) * m.tokens[0], float(m.tokens[0]))
         index = self.depth - 1
         values = m.acceptance if self.metric == "acceptance" else m.chain_acceptance
         return (values[index] * m.tokens[index], float(m.tokens[index]))

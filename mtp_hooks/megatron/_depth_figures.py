@@ -18,6 +18,7 @@ from megatron.core.transformer import multi_token_prediction as _mtp
 from .._metrics import MTPMetrics
 from . import _vocab_parallel
 from ._engine_walk import engine_walk, expected_walk
+from ._single_position import single_position_logits
 
 
 @dataclass
@@ -31,6 +32,7 @@ class Request:
     input_ids: torch.Tensor | None
     packed_seq_params: Any
     runtime_gather_output: bool | None
+    position_ids: torch.Tensor | None = None
 
 
 def roller(model: Any, request: Request) -> Callable[[torch.Tensor], Any]:
@@ -89,7 +91,12 @@ _WALK_ACCEPTED, _WALK_STEPS = 6, 7
 # sampling engine's walk accepts and its verify steps, both expected (see ``expected_walk``).
 _SAMPLED, _SAMPLED_CHAIN, _SAMPLED_POSITIONS, _SAMPLED_CHAIN_POSITIONS = 8, 9, 10, 11
 _SAMPLED_WALK_ACCEPTED, _SAMPLED_WALK_STEPS = 12, 13
-ROWS = 14
+# Then, in column 0 only, both walks again over drafts computed as megatron's engine computes
+# them, each position alone (:mod:`._single_position`): the greedy walk's accepted drafts and
+# verify steps, then the sampling walk's (zero steps where they were not computed).
+_SINGLE_WALK_ACCEPTED, _SINGLE_WALK_STEPS = 14, 15
+_SINGLE_SAMPLED_WALK_ACCEPTED, _SINGLE_SAMPLED_WALK_STEPS = 16, 17
+ROWS = 18
 
 
 @dataclass
@@ -101,6 +108,7 @@ class Drafts:
     logits: list[torch.Tensor]
     valid: list[torch.Tensor]
     present: list[torch.Tensor]
+    single: list[torch.Tensor] | None = None  # the same depths' drafts, position by position
 
 
 def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
@@ -124,6 +132,13 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
         sampled_chain = (values[_SAMPLED_CHAIN] / positions).tolist()
         walked = values[_SAMPLED_WALK_STEPS, 0].clamp(min=1e-12)
         sampled_length = float(values[_SAMPLED_WALK_ACCEPTED, 0] / walked)
+    single_length = single_sampled_length = None
+    if bool(values[_SINGLE_WALK_STEPS, 0] > 0):
+        single_length = float(values[_SINGLE_WALK_ACCEPTED, 0] / values[_SINGLE_WALK_STEPS, 0])
+    if bool(values[_SINGLE_SAMPLED_WALK_STEPS, 0] > 0):
+        single_sampled_length = float(
+            values[_SINGLE_SAMPLED_WALK_ACCEPTED, 0] / values[_SINGLE_SAMPLED_WALK_STEPS, 0]
+        )
     return MTPMetrics(
         loss=tuple(loss),
         acceptance=tuple(acceptance),
@@ -134,6 +149,8 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
         sampled_acceptance=tuple(sampled),
         sampled_chain_acceptance=tuple(sampled_chain),
         sampled_accepted_length=sampled_length,
+        single_position_accepted_length=single_length,
+        single_position_sampled_accepted_length=single_sampled_length,
     )
 
 
@@ -153,8 +170,12 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
         scale: Callable[[torch.Tensor], torch.Tensor] | None = (
             model._scale_logits if getattr(model.config, "use_mup", False) else None
         )
-        drafts = Drafts([], [], [])
+        single = single_position_logits(
+            model, chunks[0], request.input_ids, request.position_ids, roll
+        )
+        drafts = Drafts([], [], [], single)
         rows = []
+        single_run = single_chain = None  # as run and chain, over the single-position drafts
         chain: torch.Tensor | None = None  # [s, b]: every depth so far hit here
         present: torch.Tensor | None = None  # [s, b]: every depth so far has this position
         run = None  # [s, b]: how many depths a greedy chain from here accepts
@@ -172,7 +193,7 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
                 logits = scale(logits)
             labels, _ = roll(labels)
             mask, mask_sum = roll(mask)
-            draft = _top1(model, logits, request.runtime_gather_output)
+            draft = _vocab_parallel.top1(model, logits, request.runtime_gather_output)
             # megatron's vocab-parallel cross-entropy overwrites its logits in place, and the
             # sampled figures read these once the policy's logits exist: the loss gets a copy
             loss = torch.sum(mask * model.compute_language_model_loss(labels, logits.clone()))
@@ -182,6 +203,11 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
             present = valid if present is None else present & valid
             run = chain.long() if run is None else run + chain.long()
             region = valid if region is None else region
+            if single is not None:
+                hit = (_vocab_parallel.top1(model, single[depth], True) == labels.t()) & valid
+                single_chain = hit if single_chain is None else single_chain & hit
+                more = single_chain.long()
+                single_run = more if single_run is None else single_run + more
             drafts.logits.append(logits)
             drafts.valid.append(valid)
             drafts.present.append(present)
@@ -202,6 +228,9 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
         if run is not None and region is not None:
             accepted, steps = engine_walk(run.t(), region.t())
             values[_WALK_ACCEPTED, 0], values[_WALK_STEPS, 0] = accepted, steps
+        if single_run is not None and region is not None:
+            accepted, steps = engine_walk(single_run.t(), region.t())
+            values[_SINGLE_WALK_ACCEPTED, 0], values[_SINGLE_WALK_STEPS, 0] = accepted, steps
         return values, drafts
 
 
@@ -223,13 +252,21 @@ def sampled_values(
         group = _vocab_parallel.group_of(model, request.runtime_gather_output)
         log_probs = _vocab_parallel.log_softmax(policy.float(), group)
         values = torch.zeros(ROWS, depths, device=policy.device)
-        chain = None
+        chain = single_chain = None
         chains = []  # per depth, [s, b]: the chance a chain from here accepts depths 1..d
+        single_chains = []  # the same, over the drafts computed position by position
         ahead = policy_ahead(log_probs, depths, roller(model, request))
         for depth, target in enumerate(ahead):
             draft = _vocab_parallel.log_softmax(drafts.logits[depth].float(), group)
             accept = _vocab_parallel.sum_over((draft + target).exp().sum(dim=-1), group)
             chain = accept if chain is None else chain * accept
+            if drafts.single is not None:
+                single = _vocab_parallel.log_softmax(
+                    _vocab_parallel.own_shard(drafts.single[depth].float(), group), group
+                )
+                agree = _vocab_parallel.sum_over((single + target).exp().sum(dim=-1), group)
+                single_chain = agree if single_chain is None else single_chain * agree
+                single_chains.append(single_chain * drafts.present[depth])
             valid, present = drafts.valid[depth], drafts.present[depth]
             values[_SAMPLED, depth] = (accept * valid).sum()
             chains.append(chain * present)
@@ -241,37 +278,17 @@ def sampled_values(
                 torch.stack(chains, dim=-1).transpose(0, 1), drafts.valid[0].t()
             )
             values[_SAMPLED_WALK_ACCEPTED, 0], values[_SAMPLED_WALK_STEPS, 0] = accepted, steps
+        if single_chains:
+            accepted, steps = expected_walk(
+                torch.stack(single_chains, dim=-1).transpose(0, 1), drafts.valid[0].t()
+            )
+            values[_SINGLE_SAMPLED_WALK_ACCEPTED, 0] = accepted
+            values[_SINGLE_SAMPLED_WALK_STEPS, 0] = steps
         return values
 
 
 def _tied(model: Any) -> bool:
     return bool(getattr(model, "share_embeddings_and_output_weights", False))
-
-
-def _top1(model: Any, logits: torch.Tensor, gather: bool | None) -> torch.Tensor:
-    """``[s, b]`` global top-1 token ids; exact when the vocab is split across TP ranks.
-
-    Each rank contributes its shard's maximum and its index; the first rank holding the global
-    maximum wins, which is the tie rule of ``argmax`` over the whole vocabulary (and of
-    Megatron's own acceptance count).
-    """
-    sharded = (
-        (not gather)
-        if gather is not None
-        else not getattr(model.output_layer, "gather_output", False)
-    )
-    group = getattr(model, "tp_group", None)
-    size = torch.distributed.get_world_size(group) if sharded and group is not None else 1
-    if size == 1:
-        return logits.argmax(dim=-1)
-    values, index = logits.max(dim=-1)
-    all_values = [torch.empty_like(values) for _ in range(size)]
-    all_index = [torch.empty_like(index) for _ in range(size)]
-    torch.distributed.all_gather(all_values, values, group=group)
-    torch.distributed.all_gather(all_index, index, group=group)
-    winner = torch.stack(all_values).argmax(dim=0)
-    local = torch.stack(all_index).gather(0, winner.unsqueeze(0)).squeeze(0)
-    return winner * logits.size(-1) + local
 
 
 def add_by_depth(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -87,6 +87,7 @@ def loss_request(
         input_ids,
         bound.get("packed_seq_params"),
         bound.get("runtime_gather_output"),
+        bound.get("position_ids"),
     )
 
 

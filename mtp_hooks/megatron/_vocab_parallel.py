@@ -1,4 +1,5 @@
-"""Softmaxes and sums over a vocabulary that tensor parallelism may split across ranks.
+"""Top-1 tokens, softmaxes and sums over a vocabulary that tensor parallelism may split across
+ranks.
 
 With ``runtime_gather_output`` off (megatron's training default), each tensor-parallel rank
 holds its shard of the logits' last dimension. These helpers reduce over the group where that
@@ -20,6 +21,41 @@ def group_of(model: Any, gather: bool | None) -> Any:
     if not sharded or group is None or torch.distributed.get_world_size(group) == 1:
         return None
     return group
+
+
+def own_shard(logits: torch.Tensor, group: Any) -> torch.Tensor:
+    """This rank's shard of whole-vocabulary ``logits`` (megatron's even split of the padded
+    vocabulary along the last dimension), or ``logits`` where ``group`` is ``None``."""
+    if group is None:
+        return logits
+    size, rank = torch.distributed.get_world_size(group), torch.distributed.get_rank(group)
+    return logits.chunk(size, dim=-1)[rank]
+
+
+def top1(model: Any, logits: torch.Tensor, gather: bool | None) -> torch.Tensor:
+    """``[s, b]`` global top-1 token ids; exact when the vocab is split across TP ranks.
+
+    Each rank contributes its shard's maximum and its index; the first rank holding the global
+    maximum wins, which is the tie rule of ``argmax`` over the whole vocabulary (and of
+    Megatron's own acceptance count).
+    """
+    sharded = (
+        (not gather)
+        if gather is not None
+        else not getattr(model.output_layer, "gather_output", False)
+    )
+    group = getattr(model, "tp_group", None)
+    size = torch.distributed.get_world_size(group) if sharded and group is not None else 1
+    if size == 1:
+        return logits.argmax(dim=-1)
+    values, index = logits.max(dim=-1)
+    all_values = [torch.empty_like(values) for _ in range(size)]
+    all_index = [torch.empty_like(index) for _ in range(size)]
+    torch.distributed.all_gather(all_values, values, group=group)
+    torch.distributed.all_gather(all_index, index, group=group)
+    winner = torch.stack(all_values).argmax(dim=0)
+    local = torch.stack(all_index).gather(0, winner.unsqueeze(0)).squeeze(0)
+    return winner * logits.size(-1) + local
 
 
 def _all_reduce(tensor: torch.Tensor, group: Any, op: Any = None) -> torch.Tensor:

@@ -1,0 +1,86 @@
+"""MTP drafts computed the way megatron-core's inference engine computes them.
+
+Training runs each MTP depth over the whole sequence: the depth's attention at position ``i``
+sees positions ``0..i``. megatron-core's engine (0.18 on) drafts after each verify step through
+``compute_mtp_single_step``: the depth's layer runs on the verified position alone, with no
+cache of earlier positions, so its attention sees nothing of the sequence before. The two are
+different functions of the same weights, and a drafter that leans on that context drafts
+worse in the engine than a teacher-forced figure says.
+
+:func:`single_position_logits` runs megatron's own ``forward_single_position`` of each MTP
+layer (what ``compute_mtp_single_step`` runs) with every position of a recorded forward as its
+own batch row (``[1, positions, hidden]``): what the
+engine computes for one request at a time. The engine batches its requests as one sequence
+(``[requests, 1, hidden]``) under the layer's causal mask, so there a request's draft also
+attends over the requests batched before it; no teacher-forced figure can know that batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["single_position_logits", "supported"]
+
+
+def supported(model: Any) -> bool:
+    """Whether this model can draft position by position as the engine does: its MTP layers
+    have megatron-core's ``forward_single_position`` (0.18 on), and sequence parallelism (which
+    splits the rows the engine stacks its requests along) is off."""
+    layers: Any = getattr(getattr(model, "mtp", None), "layers", None)
+    if not layers or getattr(model.config, "sequence_parallel", False):
+        return False
+    return callable(getattr(layers[0], "forward_single_position", None))
+
+
+def single_position_logits(
+    model: Any,
+    decoder_hidden: torch.Tensor,
+    input_ids: torch.Tensor | None,
+    position_ids: torch.Tensor | None,
+    roll: Callable[[torch.Tensor], Any],
+) -> list[torch.Tensor] | None:
+    """Per depth, ``[s, b, v]`` logits (the whole vocabulary on every rank) of the drafts the
+    engine computes at each position, or ``None`` where it cannot be done (see
+    :func:`supported`, and no ``input_ids``).
+
+    Depth ``d`` at position ``i`` reads the token at ``i + d + 1`` (``input_ids`` rolled as
+    training rolls them, so context and tensor parallelism and packed sequences line up with
+    the depth's labels) and the hidden state depth ``d - 1`` produced there (the decoder's for
+    the first depth), as the engine does along a chain of accepted drafts.
+
+    This is the body of megatron's ``compute_mtp_single_step`` with two differences: the
+    projection goes through ``output_layer.forward``, not the module call, so that hooks that
+    count megatron's own projections (``+objective``'s, a framework's) never see it; and it
+    runs under ``no_grad`` rather than ``inference_mode``, so its tensors are ordinary ones.
+    """
+    if not supported(model) or input_ids is None:
+        return None
+    s, b, h = decoder_hidden.shape
+    if position_ids is None:
+        position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
+    repeated = bool(getattr(model.mtp, "mtp_use_repeated_layer", False))
+    tied = bool(getattr(model, "share_embeddings_and_output_weights", False))
+    weight = model.shared_embedding_or_output_weight() if tied else None
+    current = decoder_hidden.reshape(1, s * b, h)  # sequence length 1: one position a row
+    tokens, positions = input_ids, position_ids
+    out = []
+    with torch.no_grad():
+        for depth in range(model.config.mtp_num_layers):
+            tokens, _ = roll(tokens)
+            positions, _ = roll(positions)
+            current = model.mtp.layers[0 if repeated else depth].forward_single_position(
+                hidden_states=current,
+                next_token_ids=tokens.t().reshape(s * b, 1),
+                position_ids=positions.t().reshape(s * b, 1),
+                embedding=model.embedding,
+            )
+            logits, _ = model.output_layer.forward(
+                current, weight=weight, runtime_gather_output=True
+            )
+            if getattr(model.config, "use_mup", False):
+                logits = model._scale_logits(logits)
+            out.append(logits.reshape(s, b, -1))
+    return out
