@@ -12,7 +12,24 @@ from __future__ import annotations
 import torch
 
 
-def one_request_at_a_time(
+def first_depth_drafts(model, hidden: torch.Tensor, ids, positions) -> torch.Tensor:
+    """``[b, s]``: what the first depth drafts at each position as the engine computes it, to
+    build labels it drafts right (the last position drafts nothing: 0)."""
+    s, b, h = hidden.shape
+    out = torch.zeros(b, s, dtype=torch.long)
+    for i in range(s - 1):
+        for row in range(b):
+            _, logits = model.compute_mtp_single_step(
+                hidden_states=hidden[i, row].reshape(1, 1, h),
+                next_token_ids=ids[row, i + 1].reshape(1, 1),
+                position_ids=positions[row, i + 1].reshape(1, 1),
+                depth=0,
+            )
+            out[row, i] = logits.reshape(-1).argmax()
+    return out
+
+
+def per_position(
     model,
     decoder_hidden: torch.Tensor,
     ids: torch.Tensor,
@@ -20,8 +37,10 @@ def one_request_at_a_time(
     labels: torch.Tensor,
     loss_mask: torch.Tensor,
     weight: torch.Tensor,
-) -> tuple[float, float]:
-    """``(greedy accepted length, expected sampled accepted length)`` per verify step.
+) -> tuple[list[list[int]], list[list[list[float]]], list[list[bool]]]:
+    """Per row and position: the drafts a greedy chain from there accepts, the chances that a
+    sampling engine accepts at least ``n`` drafts there (``n = 0..depths``), and whether the
+    engine drafts from there (the first depth has a label).
 
     ``decoder_hidden`` is ``[s, b, h]`` (the MTP block's input), ``weight`` the whole output
     layer; depth ``d`` at position ``i`` reads token ``ids[i + d + 1]`` and drafts for
@@ -30,11 +49,11 @@ def one_request_at_a_time(
     seq, batch, hidden = decoder_hidden.shape
     depths = model.config.mtp_num_layers
     policy = torch.softmax(decoder_hidden.double() @ weight.double().t(), dim=-1)  # [s, b, v]
-    greedy_accepted = greedy_steps = sampled_accepted = sampled_steps = 0.0
+    runs, reaches, regions = [], [], []
     for b in range(batch):
         region = [i + 1 < seq and bool(loss_mask[b, i + 1] != 0) for i in range(seq)]
         run = [0] * seq
-        reach = [[1.0] + [0.0] * depths for _ in range(seq)]  # chance of accepting >= n drafts
+        reach = [[1.0] + [0.0] * depths for _ in range(seq)]
         for i in range(seq):
             if not region[i]:
                 continue
@@ -55,6 +74,29 @@ def one_request_at_a_time(
                 run[i] += int(hit_so_far)
                 product *= float((torch.softmax(logits, -1) * policy[j, b]).sum())
                 reach[i][d + 1] = product
+        runs.append(run)
+        reaches.append(reach)
+        regions.append(region)
+    return runs, reaches, regions
+
+
+def one_request_at_a_time(
+    model,
+    decoder_hidden: torch.Tensor,
+    ids: torch.Tensor,
+    positions: torch.Tensor,
+    labels: torch.Tensor,
+    loss_mask: torch.Tensor,
+    weight: torch.Tensor,
+) -> tuple[float, float]:
+    """``(greedy accepted length, expected sampled accepted length)`` per verify step, the
+    engine's walks over :func:`per_position`'s figures (same arguments)."""
+    runs, reaches, regions = per_position(
+        model, decoder_hidden, ids, positions, labels, loss_mask, weight
+    )
+    greedy_accepted = greedy_steps = sampled_accepted = sampled_steps = 0.0
+    for run, reach, region in zip(runs, reaches, regions, strict=True):
+        seq = len(run)
         i = 0  # the greedy walk: verify, accept the run, go on after it
         while i < seq:
             if region[i]:

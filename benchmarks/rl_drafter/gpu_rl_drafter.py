@@ -256,9 +256,10 @@ def summary_row(row: dict) -> dict:
         # the per-position mean (the sum of the chain chances) that it replaced.
         out["tf_sampled_len"] = round(tf["sampled_accepted_length"], 3)
         out["tf_sampled_mean"] = round(sum(tf["sampled_chain_acceptance"]), 3)
-    if tf.get("engine_view"):
-        out["tf_engine_len"] = round(tf["engine_view"]["accepted_length"], 3)
-        out["tf_engine_sampled_len"] = round(tf["engine_view"]["sampled_accepted_length"], 3)
+    if tf.get("single_position_accepted_length") is not None:
+        out["tf_single_len"] = round(tf["single_position_accepted_length"], 3)
+    if tf.get("single_position_sampled_accepted_length") is not None:
+        out["tf_single_sampled_len"] = round(tf["single_position_sampled_accepted_length"], 3)
     for k, e in row["engine"].items():
         out[f"k{k}_tok_s"] = round(e["tokens_per_s"], 1)
         if "accepted_length" in e:

@@ -164,79 +164,10 @@ def teacher_forced(model, handle, prompts, rollout: Rollout, device: str):
     handle.metrics(reset=True)
     was_training = model.training
     model.eval()
-    seen: dict = {}
-
-    def keep_hidden(block, args, kwargs):
-        seen["hidden"] = kwargs["hidden_states"]
-
-    hook = model.mtp.register_forward_pre_hook(keep_hidden, with_kwargs=True)
-    try:
-        with torch.no_grad(), mtp_hooks.phase("logprob"):
-            model(ids, pos, None, labels=labels, loss_mask=mask)
-    finally:
-        hook.remove()
-    view = engine_view(model, seen["hidden"], ids, pos, mask) if "hidden" in seen else None
+    with torch.no_grad(), mtp_hooks.phase("logprob"):
+        model(ids, pos, None, labels=labels, loss_mask=mask)
     model.train(was_training)
-    return handle.metrics(reset=True)["logprob"], view
-
-
-def engine_view(model, hidden, ids, pos, mask) -> dict | None:
-    """The walks of :func:`teacher_forced` over drafts computed the way megatron's engine
-    computes them, or ``None`` where this megatron has no ``compute_mtp_single_step``.
-
-    Training runs each MTP depth over the whole sequence (its attention sees the positions
-    before). megatron-core 0.19's engine drafts through ``compute_mtp_single_step`` on the
-    verified token's position only, all active requests in one call as one sequence of
-    ``[requests, 1, hidden]``, so a depth's attention sees the requests batched before this
-    one and never this request's own earlier positions. Here every position is its own batch
-    row (``[1, positions, hidden]``): the engine's drafts with one request at a time.
-    """
-    import torch
-
-    from mtp_hooks.megatron._engine_walk import engine_walk, expected_walk
-
-    if not hasattr(model, "compute_mtp_single_step"):
-        return None
-    s, b, h = hidden.shape  # [s, b, h]: the decoder's output, which the engine keeps too
-    depths = model.config.mtp_num_layers
-    repeated = getattr(model.mtp, "mtp_use_repeated_layer", False)
-    weight = (
-        model.shared_embedding_or_output_weight()
-        if model.share_embeddings_and_output_weights
-        else None
-    )
-    with torch.no_grad():
-        policy, _ = model.output_layer(hidden, weight=weight, runtime_gather_output=True)
-        policy = torch.log_softmax(policy.float(), dim=-1).transpose(0, 1)  # [b, s, v]
-        region = mask != 0  # [b, s]: the positions the engine drafts from
-        current = hidden.reshape(1, s * b, h)  # one batch row per position, sequence length 1
-        run = torch.zeros(b, s, dtype=torch.long, device=ids.device)
-        hit = torch.ones(b, s, dtype=torch.bool, device=ids.device)
-        chances, chance = [], torch.ones(b, s, dtype=torch.float64, device=ids.device)
-        for depth in range(depths):
-            tokens = torch.roll(ids, -(depth + 1), dims=1)  # what depth `depth` reads at i
-            where = torch.roll(pos, -(depth + 1), dims=1)
-            current, logits = model.compute_mtp_single_step(
-                hidden_states=current,
-                next_token_ids=tokens.t().reshape(s * b, 1),
-                position_ids=where.t().reshape(s * b, 1),
-                depth=None if repeated else depth,
-            )
-            logits = logits.reshape(s, b, -1).transpose(0, 1).float()  # [b, s, v]
-            label = torch.roll(ids, -(depth + 2), dims=1)
-            exists = torch.arange(s, device=ids.device) + depth + 2 < s  # the label is real
-            target = torch.roll(policy, -(depth + 1), dims=1)  # the policy where it samples
-            hit = hit & (logits.argmax(-1) == label) & exists
-            run = run + hit.long()
-            agree = (torch.softmax(logits, -1) * target.exp()).sum(-1).double()
-            chance = chance * torch.where(exists, agree, torch.zeros_like(agree))
-            chances.append(chance)
-        accepted, steps = engine_walk(run * region, region)
-        expected, verifies = expected_walk(torch.stack(chances, dim=-1) * region[..., None], region)
-    return {
-        "accepted_length": float(accepted / steps.clamp(min=1)),
-        "sampled_accepted_length": float(expected / verifies.clamp(min=1)),
-    }
+    return handle.metrics(reset=True)["logprob"]
 
 
 def measure(model, handle, engines: dict, prompts, args, batch1: bool = False) -> dict:
@@ -259,7 +190,7 @@ def measure(model, handle, engines: dict, prompts, args, batch1: bool = False) -
                 chain_acceptance=list(m.chain_acceptance), accepted_length=m.accepted_length
             )
         if k == 0:
-            tf, view = teacher_forced(model, handle, prompts, r, args.device)
+            tf = teacher_forced(model, handle, prompts, r, args.device)
             row["teacher_forced"] = {
                 "chain_acceptance": list(tf.chain_acceptance),
                 "accepted_length": tf.accepted_length,
@@ -267,7 +198,12 @@ def measure(model, handle, engines: dict, prompts, args, batch1: bool = False) -
                 "loss": list(tf.loss),
                 "sampled_chain_acceptance": list(tf.sampled_chain_acceptance),
                 "sampled_accepted_length": tf.sampled_accepted_length,
-                "engine_view": view,
+                # the same walks over drafts computed as megatron's engine computes them,
+                # each position alone: what the engine accepts one request at a time
+                "single_position_accepted_length": tf.single_position_accepted_length,
+                "single_position_sampled_accepted_length": (
+                    tf.single_position_sampled_accepted_length
+                ),
             }
             row["tokens_k0"] = r.tokens
         if batch1:
@@ -275,8 +211,8 @@ def measure(model, handle, engines: dict, prompts, args, batch1: bool = False) -
             row["engine"][k]["batch1_tokens_per_s"] = one.tokens_per_s
         if k == max(engines) and k and r.drafts[0]:
             # The same prompts again, one request at a time: megatron's engine runs each MTP
-            # depth over its active requests as one sequence (see engine_view), so a request's
-            # drafts depend on the requests batched before it, except when it runs alone.
+            # depth over its active requests as one sequence, so a request's drafts depend on
+            # the requests batched before it, except when it runs alone.
             alone = [engine([p], args.gen) for p in prompts]
             drafts = [sum(c) for c in zip(*(a.drafts for a in alone), strict=True)]
             accepted = [sum(c) for c in zip(*(a.accepted for a in alone), strict=True)]

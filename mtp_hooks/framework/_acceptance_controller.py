@@ -41,8 +41,8 @@ _OPTIONAL = {
     ),
     "single_position_accepted_length": (
         "an engine's counters carry none, and +metrics computes it only where megatron-core "
-        "has compute_mtp_single_step (0.18 on) and sequence parallelism is off); record with "
-        "+metrics there"
+        "has compute_mtp_single_step (0.18 on), without sequence or context parallelism, FP8, "
+        "MoE or CUDA graphs); record with +metrics there"
     ),
 }
 _OPTIONAL["single_position_sampled_accepted_length"] = _OPTIONAL["single_position_accepted_length"]

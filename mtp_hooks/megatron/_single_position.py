@@ -17,7 +17,7 @@ attends over the requests batched before it; no teacher-forced figure can know t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -26,13 +26,31 @@ __all__ = ["single_position_logits", "supported"]
 
 
 def supported(model: Any) -> bool:
-    """Whether this model can draft position by position as the engine does: its MTP layers
-    have megatron-core's ``forward_single_position`` (0.18 on), and sequence parallelism (which
-    splits the rows the engine stacks its requests along) is off."""
+    """Whether this model can draft position by position as the engine does, in an extra
+    forward of its MTP layers that changes nothing: they have megatron-core's
+    ``forward_single_position`` (0.18 on), and none of sequence or context parallelism, FP8 or
+    FP4, MoE or CUDA graphs is on (see :func:`_stateful`)."""
     layers: Any = getattr(getattr(model, "mtp", None), "layers", None)
-    if not layers or getattr(model.config, "sequence_parallel", False):
+    if not layers or not callable(getattr(layers[0], "forward_single_position", None)):
         return False
-    return callable(getattr(layers[0], "forward_single_position", None))
+    return not any(_stateful(model.config))
+
+
+def _stateful(config: Any) -> Iterator[str]:
+    """What makes an extra forward of the MTP layers unsafe or unlike the engine's: the
+    ``TransformerConfig`` settings under which it is left out."""
+    if getattr(config, "sequence_parallel", False):
+        yield "sequence parallelism"  # splits the rows the engine stacks its requests along
+    if (getattr(config, "context_parallel_size", 1) or 1) > 1:
+        yield "context parallelism"  # attention would trade keys across the ranks' rows
+    if getattr(config, "fp8", None) or getattr(config, "fp4", None):
+        yield "FP8 or FP4"  # the extra forward would move the layers' scaling state
+    if getattr(config, "num_moe_experts", None):
+        yield "MoE"  # routers count the tokens they route (expert bias, aux-loss logs)
+    if getattr(config, "enable_cuda_graph", False) or getattr(
+        config, "cuda_graph_impl", "none"
+    ) not in ("none", None):
+        yield "CUDA graphs"  # a captured layer would meet a shape it was not captured for
 
 
 def single_position_logits(

@@ -222,6 +222,29 @@ def test_the_rl_drafter_report_prints_no_nan_where_c_drafted_nothing_after_the_s
     assert ratio(zero, zero) is None and rl_drafter_goals.even(None) == 1.0
 
 
+def test_the_single_position_goal_sets_the_figure_against_the_engine_one_request_at_a_time():
+    rl_drafter_report()  # puts the benchmark's folder on the path for its goals
+    import rl_drafter_goals
+
+    def row(single: float, alone: float | None) -> dict:
+        engine = {
+            "accepted_length": 0.9,
+            **({} if alone is None else {"alone_accepted_length": alone}),
+        }
+        return {
+            "engine": {"2": engine},
+            "teacher_forced": {"single_position_accepted_length": single},
+        }
+
+    near = {"args": {}, "arms": {"C": {"rows": [row(1.02, 1.0), row(0.1, 0.1), row(1.0, None)]}}}
+    [(goal, met, numbers)] = rl_drafter_goals.single_position_goal(near, sampling=False)
+    assert met and "one request at a time within 5%" in goal
+    assert "over 1 measurements" in numbers and "max 0.020" in numbers  # 0.1 is below 0.2
+    far = {"args": {}, "arms": {"C": {"rows": [row(1.2, 1.0)]}}}
+    assert rl_drafter_goals.single_position_goal(far, sampling=False)[0][1] is False
+    assert rl_drafter_goals.single_position_goal(far, sampling=True) == []  # no sampled figure
+
+
 def test_the_rl_drafter_plot_gives_each_arm_one_colour_in_every_panel(tmp_path):
     pytest.importorskip("matplotlib")
     from matplotlib.colors import to_rgba_array

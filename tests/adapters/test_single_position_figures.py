@@ -15,8 +15,8 @@ from mtp_hooks import MTPMetrics, PolicyError
 from mtp_hooks.demo import tiny_models
 from mtp_hooks.framework import AcceptanceController
 
-from engine_reference import one_request_at_a_time
-from model_fixtures import SEQ, VOCAB
+from engine_reference import first_depth_drafts, one_request_at_a_time
+from model_fixtures import SEQ, VOCAB, packed_row
 
 DEPTHS = 2
 
@@ -43,22 +43,6 @@ def decoder_hidden(model, batch, labels, loss_mask) -> torch.Tensor:
     return torch.chunk(seen[0], 1 + DEPTHS, dim=0)[0]
 
 
-def first_depth_drafts(model, hidden, ids) -> torch.Tensor:
-    """``[b, s]``: what the first depth drafts at each position, computed as the engine does."""
-    s, b, h = hidden.shape
-    out = torch.zeros(b, s, dtype=torch.long)
-    for i in range(s - 1):
-        for row in range(b):
-            _, logits = model.compute_mtp_single_step(
-                hidden_states=hidden[i, row].reshape(1, 1, h),
-                next_token_ids=ids[row, i + 1].reshape(1, 1),
-                position_ids=torch.tensor([[i + 1]]),
-                depth=0,
-            )
-            out[row, i] = logits.reshape(-1).argmax()
-    return out
-
-
 def test_the_single_position_figures_equal_megatrons_engine_drafting_one_request_at_a_time(
     deep, batch
 ):
@@ -75,7 +59,7 @@ def test_the_single_position_figures_equal_megatrons_engine_drafting_one_request
     hidden = decoder_hidden(model, batch, batch.labels, loss_mask)
     # labels the single-position first depth drafts right at every other position, so the
     # greedy figures are neither 0 nor the whole chain
-    drafts = first_depth_drafts(model, hidden, batch.input_ids)
+    drafts = first_depth_drafts(model, hidden, batch.input_ids, batch.position_ids)
     labels = batch.labels.clone()
     labels[:, 1::2] = drafts[:, 0 : SEQ - 1 : 2]
     weight = model.output_layer.weight.detach()
@@ -111,21 +95,34 @@ def test_a_megatron_core_that_drafts_otherwise_reports_no_single_position_figure
     assert got.sampled_accepted_length is not None  # the other figures are there either way
 
 
-def test_sequence_parallelism_leaves_the_single_position_figures_out(deep, batch):
-    model = deep()
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("eval=run+metrics")
-    model.eval()
+@pytest.mark.parametrize(
+    "setting",
+    [
+        {"sequence_parallel": True},
+        {"context_parallel_size": 2},
+        {"fp8": "hybrid"},
+        {"fp4": "nvfp4"},
+        {"num_moe_experts": 4},
+        {"cuda_graph_impl": "local"},
+        {"enable_cuda_graph": True},
+    ],
+    ids=lambda setting: next(iter(setting)),
+)
+def test_a_setting_an_extra_mtp_forward_would_disturb_leaves_the_figures_out(deep, setting):
     from mtp_hooks.megatron import _single_position
 
-    model.config.sequence_parallel = True  # read only by the figure's check: TP is 1 here
+    model = deep()
+    if not engine_drafts(model):
+        pytest.skip("this megatron-core has no compute_mtp_single_step (0.18 on)")
+    assert _single_position.supported(model)
+    before = {name: getattr(model.config, name, None) for name in setting}
     try:
+        for name, value in setting.items():  # read by the check only: nothing runs
+            object.__setattr__(model.config, name, value)
         assert not _single_position.supported(model)
     finally:
-        model.config.sequence_parallel = False
-    with torch.no_grad():
-        model(*batch.args(), labels=batch.labels)
-    assert handle.metrics()["eval"].accepted_length is not None
+        for name, value in before.items():
+            object.__setattr__(model.config, name, value)
 
 
 def test_the_controller_refuses_to_watch_a_single_position_figure_that_was_not_computed():
@@ -154,3 +151,53 @@ def test_the_controller_decides_on_the_single_position_figure(deep, batch):
     )
     assert controller.update(figures) == 0.3  # 0.4 < 0.5, though every other figure is above
     assert controller.value == pytest.approx(0.4)
+
+
+def test_under_packed_sequences_each_sequence_is_drafted_and_walked_on_its_own():
+    spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB, mtp_num_layers=DEPTHS)
+    torch.manual_seed(14)
+    model = tiny_models.build_gpt(spec, attention="sdpa")  # thd-capable on the CPU
+    model.eval()
+    if not engine_drafts(model):
+        pytest.skip("this megatron-core has no compute_mtp_single_step (0.18 on)")
+    row = packed_row()  # two sequences in one row, the first with a masked-out prompt
+    kwargs = row.kwargs()
+    seen: list[torch.Tensor] = []
+    probe = model.mtp.register_forward_hook(lambda m, a, out: seen.append(out.detach()))
+    with torch.no_grad():
+        model(row.input_ids, row.position_ids, None, **kwargs)
+    probe.remove()
+    hidden = torch.chunk(seen[0], 1 + DEPTHS, dim=0)[0]  # [t, 1, h]
+    # the reference: the two sequences as two requests, padded with masked-out positions
+    (start, cut, end), width = row.cuts, max(row.cuts[1], SEQ - row.cuts[1])
+
+    def two(t: torch.Tensor) -> torch.Tensor:  # [1, t] -> [2, width], zero-padded
+        out = torch.zeros(2, width, dtype=t.dtype)
+        out[0, : cut - start], out[1, : end - cut] = t[0, start:cut], t[0, cut:end]
+        return out
+
+    padded = torch.zeros(width, 2, hidden.shape[-1])
+    padded[: cut - start, 0], padded[: end - cut, 1] = hidden[start:cut, 0], hidden[cut:end, 0]
+    # labels that the single-position first depth drafts right wherever it drafts inside a
+    # sequence, so the greedy figure is not 0
+    drafts = first_depth_drafts(model, hidden, row.input_ids, row.position_ids)
+    labels = kwargs["labels"] = kwargs["labels"].clone()
+    for a, b in ((start, cut), (cut, end)):
+        labels[0, a + 1 : b] = drafts[0, a : b - 1]
+    greedy, sampled = one_request_at_a_time(
+        model,
+        padded,
+        two(row.input_ids),
+        two(row.position_ids),
+        two(labels),
+        two(row.loss_mask),
+        model.output_layer.weight.detach(),
+    )
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    with torch.no_grad():
+        model(row.input_ids, row.position_ids, None, **kwargs)
+    got = handle.metrics()["eval"]
+    assert got.single_position_accepted_length == pytest.approx(greedy, rel=1e-6)
+    assert got.single_position_sampled_accepted_length == pytest.approx(sampled, rel=1e-4)
+    assert greedy > 0.5

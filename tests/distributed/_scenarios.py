@@ -191,6 +191,14 @@ def metrics_under_tp(rank: int) -> dict:
     region = torch.zeros(policy.shape[1], SEQ, dtype=torch.bool)
     region[:, : SEQ - 1] = True  # depth 1 drafts from every position with a next token
     walk_accepted, walk_steps = expected_walk(chain, region)
+    single = None  # the engine's drafts one request at a time, by megatron's own call under TP
+    if callable(getattr(model, "compute_mtp_single_step", None)):
+        from engine_reference import one_request_at_a_time
+
+        hidden_in = chunks[0].contiguous()
+        single = one_request_at_a_time(
+            model, hidden_in, ids, pos, labels, torch.ones_like(labels), weight
+        )
     keep = KeepMetrics()
     mtp_hooks.plugins.register(keep)
     mtp_hooks.attach(model)
@@ -215,6 +223,13 @@ def metrics_under_tp(rank: int) -> dict:
         "eval": [list(in_eval.loss), list(in_eval.acceptance)],
         "sampled": [sampled, list(in_eval.sampled_acceptance)],
         "sampled_length": [float(walk_accepted / walk_steps), in_eval.sampled_accepted_length],
+        "single_position": [
+            single,
+            [
+                in_eval.single_position_accepted_length,
+                in_eval.single_position_sampled_accepted_length,
+            ],
+        ],
         "training": [list(in_training.loss), list(in_training.acceptance)],
         "megatron": [tracker[losses_key].tolist(), megatron_acceptance],
     }

@@ -85,6 +85,19 @@ def test_tp2_metrics_equal_a_whole_vocabulary_reference_on_every_rank(tp_metrics
     assert tp_metrics[0]["sampled_length"] == tp_metrics[1]["sampled_length"]
 
 
+def test_tp2_single_position_figures_equal_megatrons_engine_one_request_at_a_time(tp_metrics):
+    for result in tp_metrics:
+        assert result["ok"], result.get("traceback")
+        reference, recorded = result["single_position"]
+        if reference is None:  # megatron-core 0.16: no compute_mtp_single_step
+            assert recorded == [None, None]
+            continue
+        greedy, sampled = reference
+        assert recorded[0] == pytest.approx(greedy, rel=1e-6) and 0 < greedy < 2
+        assert recorded[1] == pytest.approx(sampled, rel=1e-4) and 0 < sampled < 2
+    assert tp_metrics[0]["single_position"] == tp_metrics[1]["single_position"]
+
+
 def test_tp2_metrics_equal_megatrons_own_training_log(tp_metrics):
     for result in tp_metrics:
         megatron_loss, megatron_acceptance = result["megatron"]
@@ -155,3 +168,17 @@ def test_under_cp2_each_ranks_objective_takes_its_targets_across_the_chunks(tmp_
             assert figures["carried"] == "MTPLossAutoScalerBackward" and figures["trained"]
             assert figures["want"] > 1e-4, kind
             assert abs(figures["value"] - figures["want"]) <= 1e-5 * figures["want"], figures
+
+
+def test_under_cp2_the_single_position_figures_are_left_out_and_the_others_recorded(tmp_path):
+    import _figure_scenarios
+
+    results = run_ranks(
+        _figure_scenarios.single_position_under_cp, world=2, tp=1, cp=2, tmp=tmp_path
+    )
+    for result in results:
+        assert result["ok"], result.get("traceback")
+        assert result["local_seq"] == _scenarios.SEQ // 2
+        assert result["single"] == [None, None]
+        greedy, sampled = result["others"]
+        assert greedy is not None and sampled is not None and 0 < sampled < 2
