@@ -42,12 +42,9 @@ def keep_cuda_copies_on_cpu() -> None:
     torch.Tensor.cuda = lambda self, *args, **kwargs: self  # type: ignore[method-assign]
 
 
-def build_causal_masks_on_cpu() -> None:
-    """megatron's local softmax builds its default causal mask on CUDA when a call passes no
-    mask (``get_default_causal_mask``, fused_softmax.py); in a CPU test process, on the CPU."""
+def cpu_causal_mask(sq: int):
+    """megatron's ``get_default_causal_mask`` (fused_softmax.py), which its local softmax calls
+    when a call passes no mask, built on the CPU instead of CUDA: patch it in for a test."""
     import torch
-    from megatron.core.fusions import fused_softmax
 
-    fused_softmax.get_default_causal_mask = lambda sq: torch.triu(  # type: ignore[assignment]
-        torch.ones(sq, sq, dtype=torch.bool), diagonal=1
-    )
+    return torch.triu(torch.ones(sq, sq, dtype=torch.bool), diagonal=1)
