@@ -12,6 +12,16 @@ from __future__ import annotations
 import torch
 
 
+def _engine_step(model, state, token, position, depth: int):
+    """megatron's ``compute_mtp_single_step`` as the engine calls it for one request."""
+    return model.compute_mtp_single_step(
+        hidden_states=state,
+        next_token_ids=token.reshape(1, 1),
+        position_ids=position.reshape(1, 1),
+        depth=depth,
+    )
+
+
 def first_depth_drafts(model, hidden: torch.Tensor, ids, positions) -> torch.Tensor:
     """``[b, s]``: what the first depth drafts at each position as the engine computes it, to
     build labels it drafts right (the last position drafts nothing: 0)."""
@@ -19,12 +29,8 @@ def first_depth_drafts(model, hidden: torch.Tensor, ids, positions) -> torch.Ten
     out = torch.zeros(b, s, dtype=torch.long)
     for i in range(s - 1):
         for row in range(b):
-            _, logits = model.compute_mtp_single_step(
-                hidden_states=hidden[i, row].reshape(1, 1, h),
-                next_token_ids=ids[row, i + 1].reshape(1, 1),
-                position_ids=positions[row, i + 1].reshape(1, 1),
-                depth=0,
-            )
+            state = hidden[i, row].reshape(1, 1, h)
+            _, logits = _engine_step(model, state, ids[row, i + 1], positions[row, i + 1], 0)
             out[row, i] = logits.reshape(-1).argmax()
     return out
 
@@ -63,12 +69,7 @@ def per_position(
                 j = i + d + 1
                 if j >= seq or loss_mask[b, j] == 0:
                     break
-                state, logits = model.compute_mtp_single_step(
-                    hidden_states=state,
-                    next_token_ids=ids[b, j].reshape(1, 1),
-                    position_ids=positions[b, j].reshape(1, 1),
-                    depth=d,
-                )
+                state, logits = _engine_step(model, state, ids[b, j], positions[b, j], d)
                 logits = logits.reshape(-1).double()
                 hit_so_far = hit_so_far and int(logits.argmax()) == int(labels[b, j])
                 run[i] += int(hit_so_far)
@@ -105,15 +106,29 @@ def one_request_at_a_time(
                 i += run[i] + 1
             else:
                 i += 1
-        visit = [0.0] * seq  # the sampling walk, expected
-        for i in range(seq):
-            if not region[i]:
-                continue
-            visit[i] += 1.0 if i == 0 or not region[i - 1] else 0.0
-            ahead = [*reach[i], 0.0]
-            for n, chance in enumerate(a - c for a, c in zip(ahead, ahead[1:], strict=False)):
-                if i + n + 1 < seq and region[i + n + 1]:
-                    visit[i + n + 1] += visit[i] * chance
-            sampled_accepted += visit[i] * sum(reach[i][1:])
-            sampled_steps += visit[i]
+        accepted, steps = sampled_walk(reach, region)
+        sampled_accepted += accepted
+        sampled_steps += steps
     return greedy_accepted / greedy_steps, sampled_accepted / sampled_steps
+
+
+def sampled_walk(reach: list[list[float]], region: list[bool]) -> tuple[float, float]:
+    """A sampling engine's walk over one row, expected: ``(drafts accepted, verify steps)``.
+
+    ``reach[i][n]`` is the chance a chain from ``i`` accepts at least ``n`` drafts. The engine
+    verifies at a region's start, jumps ``1 + n`` with the chance of accepting exactly ``n``,
+    and never verifies where no draft starts."""
+    seq = len(region)
+    visit = [0.0] * seq
+    accepted = steps = 0.0
+    for i in range(seq):
+        if not region[i]:
+            continue
+        visit[i] += 1.0 if i == 0 or not region[i - 1] else 0.0
+        ahead = [*reach[i], 0.0]
+        for n, chance in enumerate(a - c for a, c in zip(ahead, ahead[1:], strict=False)):
+            if i + n + 1 < seq and region[i + n + 1]:
+                visit[i + n + 1] += visit[i] * chance
+        accepted += visit[i] * sum(reach[i][1:])
+        steps += visit[i]
+    return accepted, steps

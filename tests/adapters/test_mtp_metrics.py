@@ -14,6 +14,7 @@ import mtp_hooks
 from mtp_hooks import MTPMetrics, PluginError
 from mtp_hooks.demo import tiny_models
 
+from engine_reference import sampled_walk
 from model_fixtures import SEQ, VOCAB, Paused, deepcopy_model, native
 
 DEPTHS = 2
@@ -449,20 +450,11 @@ def test_the_sampled_acceptance_is_the_chance_a_sampled_draft_equals_a_sampled_t
                     chain_sums[d - 1] += product
                     chain_counts[d - 1] += 1
                     reach[i][d] = product
-        # the sampling engine's walk: verify at a region's start, jump 1 + n with the chance
-        # of accepting exactly n drafts, never verify where no draft starts (mask 0 ahead)
-        region = [i + 1 < seq and loss_mask[b, i + 1] != 0 for i in range(seq)]
-        visit = [0.0] * seq
-        for i in range(seq):
-            if not region[i]:
-                continue
-            visit[i] += 1.0 if i == 0 or not region[i - 1] else 0.0
-            ahead = [*reach[i], 0.0]
-            for n, chance in enumerate(a - b for a, b in zip(ahead, ahead[1:], strict=False)):
-                if i + n + 1 < seq and region[i + n + 1]:
-                    visit[i + n + 1] += visit[i] * chance
-            walk_accepted += visit[i] * sum(reach[i][1:])
-            walk_steps += visit[i]
+        # the sampling engine's walk, never verifying where no draft starts (mask 0 ahead)
+        region = [i + 1 < seq and bool(loss_mask[b, i + 1] != 0) for i in range(seq)]
+        accepted, steps = sampled_walk(reach, region)
+        walk_accepted += accepted
+        walk_steps += steps
     want = [s / n for s, n in zip(sums, counts, strict=True)]
     want_chain = [s / n for s, n in zip(chain_sums, chain_counts, strict=True)]
     assert got.sampled_acceptance == pytest.approx(want, rel=1e-4)
