@@ -53,8 +53,8 @@ class MTPMetrics:
             would move their state or meet another layout), no ``input_ids``, or figures
             from an engine's counters. Where it is computed, it costs one more forward of
             each MTP layer over the recorded positions and one more output projection per
-            depth, under ``no_grad``, and those logits are kept (whole-vocabulary) until the
-            policy's projection, as the depths' own are.
+            depth, under ``no_grad``, and those logits wait for the policy's projection beside
+            the depths' own.
         single_position_sampled_accepted_length: ``sampled_accepted_length`` over those
             drafts, or ``None`` where either is missing.
 

@@ -91,9 +91,8 @@ _WALK_ACCEPTED, _WALK_STEPS = 6, 7
 # sampling engine's walk accepts and its verify steps, both expected (see ``expected_walk``).
 _SAMPLED, _SAMPLED_CHAIN, _SAMPLED_POSITIONS, _SAMPLED_CHAIN_POSITIONS = 8, 9, 10, 11
 _SAMPLED_WALK_ACCEPTED, _SAMPLED_WALK_STEPS = 12, 13
-# Then, in column 0 only, both walks again over drafts computed as megatron's engine computes
-# them, each position alone (:mod:`._single_position`): the greedy walk's accepted drafts and
-# verify steps, then the sampling walk's (zero steps where they were not computed).
+# Then, in column 0, both walks again over the drafts of :mod:`._single_position` (greedy, then
+# sampled: accepted drafts and verify steps, zero steps where they were not computed).
 _SINGLE_WALK_ACCEPTED, _SINGLE_WALK_STEPS = 14, 15
 _SINGLE_SAMPLED_WALK_ACCEPTED, _SINGLE_SAMPLED_WALK_STEPS = 16, 17
 ROWS = 18
@@ -132,13 +131,13 @@ def to_metrics(values: torch.Tensor, forwards: int) -> MTPMetrics:
         sampled_chain = (values[_SAMPLED_CHAIN] / positions).tolist()
         walked = values[_SAMPLED_WALK_STEPS, 0].clamp(min=1e-12)
         sampled_length = float(values[_SAMPLED_WALK_ACCEPTED, 0] / walked)
-    single_length = single_sampled_length = None
-    if bool(values[_SINGLE_WALK_STEPS, 0] > 0):
-        single_length = float(values[_SINGLE_WALK_ACCEPTED, 0] / values[_SINGLE_WALK_STEPS, 0])
-    if bool(values[_SINGLE_SAMPLED_WALK_STEPS, 0] > 0):
-        single_sampled_length = float(
-            values[_SINGLE_SAMPLED_WALK_ACCEPTED, 0] / values[_SINGLE_SAMPLED_WALK_STEPS, 0]
+    single_length, single_sampled_length = (  # None where no single-position walk ran
+        float(values[got, 0] / values[steps, 0]) if bool(values[steps, 0] > 0) else None
+        for got, steps in (
+            (_SINGLE_WALK_ACCEPTED, _SINGLE_WALK_STEPS),
+            (_SINGLE_SAMPLED_WALK_ACCEPTED, _SINGLE_SAMPLED_WALK_STEPS),
         )
+    )
     return MTPMetrics(
         loss=tuple(loss),
         acceptance=tuple(acceptance),
@@ -174,6 +173,7 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
             model, chunks[0], request.input_ids, request.position_ids, roll
         )
         drafts = Drafts([], [], [], single)
+        group = _vocab_parallel.group_of(model, request.runtime_gather_output)
         rows = []
         single_run = single_chain = None  # as run and chain, over the single-position drafts
         chain: torch.Tensor | None = None  # [s, b]: every depth so far hit here
@@ -208,6 +208,8 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
                 single_chain = hit if single_chain is None else single_chain & hit
                 more = single_chain.long()
                 single_run = more if single_run is None else single_run + more
+                # kept for the sampled figures as the depths' own are: this rank's shard
+                single[depth] = _vocab_parallel.own_shard(single[depth], group)
             drafts.logits.append(logits)
             drafts.valid.append(valid)
             drafts.present.append(present)
@@ -261,9 +263,7 @@ def sampled_values(
             accept = _vocab_parallel.sum_over((draft + target).exp().sum(dim=-1), group)
             chain = accept if chain is None else chain * accept
             if drafts.single is not None:
-                single = _vocab_parallel.log_softmax(
-                    _vocab_parallel.own_shard(drafts.single[depth].float(), group), group
-                )
+                single = _vocab_parallel.log_softmax(drafts.single[depth].float(), group)
                 agree = _vocab_parallel.sum_over((single + target).exp().sum(dim=-1), group)
                 single_chain = agree if single_chain is None else single_chain * agree
                 single_chains.append(single_chain * drafts.present[depth])
