@@ -41,7 +41,7 @@ _OPTIONAL = {
     ),
     "single_position_accepted_length": (
         "an engine's counters carry none, and +metrics computes it only where megatron-core "
-        "has compute_mtp_single_step (0.18 on), without sequence or context parallelism, FP8, "
+        "has compute_mtp_single_step (0.17 on), without sequence or context parallelism, FP8, "
         "MoE or CUDA graphs); record with +metrics there"
     ),
 }

@@ -1,7 +1,7 @@
 """MTP drafts computed the way megatron-core's inference engine computes them.
 
 Training runs each MTP depth over the whole sequence: the depth's attention at position ``i``
-sees positions ``0..i``. megatron-core's engine (0.18 on) drafts after each verify step through
+sees positions ``0..i``. megatron-core's engine (0.17 on) drafts after each verify step through
 ``compute_mtp_single_step``: the depth's layer runs on the verified position alone, with no
 cache of earlier positions, so its attention sees nothing of the sequence before. The two are
 different functions of the same weights, and a drafter that leans on that context drafts
@@ -28,7 +28,7 @@ __all__ = ["single_position_logits", "supported"]
 def supported(model: Any) -> bool:
     """Whether this model can draft position by position as the engine does, in an extra
     forward of its MTP layers that changes nothing: they have megatron-core's
-    ``forward_single_position`` (0.18 on), and none of sequence or context parallelism, FP8 or
+    ``forward_single_position`` (0.17 on), and none of sequence or context parallelism, FP8 or
     FP4, MoE or CUDA graphs is on (see :func:`_stateful`)."""
     layers: Any = getattr(getattr(model, "mtp", None), "layers", None)
     if not layers or not callable(getattr(layers[0], "forward_single_position", None)):

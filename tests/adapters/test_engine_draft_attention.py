@@ -26,7 +26,7 @@ def test_a_request_drafted_in_a_batch_attends_over_the_requests_before_it(monkey
     torch.manual_seed(0)
     model = tiny_models.build_gpt(tiny_models.TinySpec(mtp_num_layers=1)).eval()
     if not callable(getattr(model, "compute_mtp_single_step", None)):
-        pytest.skip("this megatron-core has no compute_mtp_single_step (0.18 on)")
+        pytest.skip("this megatron-core has no compute_mtp_single_step (0.17 on)")
     from megatron.core.fusions import fused_softmax
 
     # megatron builds the default causal mask on CUDA

@@ -29,7 +29,7 @@ def deep(build):
 
 
 def engine_drafts(model) -> bool:
-    """Whether this megatron-core drafts through ``compute_mtp_single_step`` (0.18 on)."""
+    """Whether this megatron-core drafts through ``compute_mtp_single_step`` (0.17 on)."""
     return callable(getattr(model, "compute_mtp_single_step", None))
 
 
@@ -49,7 +49,7 @@ def test_the_single_position_figures_equal_megatrons_engine_drafting_one_request
     model = deep(seed=5)
     model.eval()
     if not engine_drafts(model):
-        pytest.skip("this megatron-core has no compute_mtp_single_step (0.18 on)")
+        pytest.skip("this megatron-core has no compute_mtp_single_step (0.17 on)")
     with torch.no_grad():  # make what the MTP layers' attention brings weigh: context matters
         for name, module in model.mtp.named_modules():
             if name.endswith("linear_proj"):
@@ -113,7 +113,7 @@ def test_a_setting_an_extra_mtp_forward_would_disturb_leaves_the_figures_out(dee
 
     model = deep()
     if not engine_drafts(model):
-        pytest.skip("this megatron-core has no compute_mtp_single_step (0.18 on)")
+        pytest.skip("this megatron-core has no compute_mtp_single_step (0.17 on)")
     assert _single_position.supported(model)
     before = {name: getattr(model.config, name, None) for name in setting}
     try:
@@ -159,7 +159,7 @@ def test_under_packed_sequences_each_sequence_is_drafted_and_walked_on_its_own()
     model = tiny_models.build_gpt(spec, attention="sdpa")  # thd-capable on the CPU
     model.eval()
     if not engine_drafts(model):
-        pytest.skip("this megatron-core has no compute_mtp_single_step (0.18 on)")
+        pytest.skip("this megatron-core has no compute_mtp_single_step (0.17 on)")
     row = packed_row()  # two sequences in one row, the first with a masked-out prompt
     kwargs = row.kwargs()
     seen: list[torch.Tensor] = []

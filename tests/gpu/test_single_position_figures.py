@@ -53,7 +53,7 @@ def build(depths: int = DEPTHS):
 def test_the_single_position_figures_equal_the_engine_one_request_at_a_time_on_te():
     model = build()
     if not callable(getattr(model, "compute_mtp_single_step", None)):
-        pytest.skip("this megatron-core has no compute_mtp_single_step (0.18 on)")
+        pytest.skip("this megatron-core has no compute_mtp_single_step (0.17 on)")
     g = torch.Generator().manual_seed(7)
     ids = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g).cuda()
     pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(BATCH, -1)
@@ -83,7 +83,7 @@ def test_the_single_position_figures_equal_the_engine_one_request_at_a_time_on_t
 def test_on_te_a_request_drafted_in_a_batch_attends_over_the_requests_before_it():
     model = build(depths=1)
     if not callable(getattr(model, "compute_mtp_single_step", None)):
-        pytest.skip("this megatron-core has no compute_mtp_single_step (0.18 on)")
+        pytest.skip("this megatron-core has no compute_mtp_single_step (0.17 on)")
     sys.path.insert(0, str(BENCH))
     try:
         import engine_draft_attention
