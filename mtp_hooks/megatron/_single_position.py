@@ -9,10 +9,10 @@ worse in the engine than a teacher-forced figure says.
 
 :func:`single_position_logits` runs megatron's own ``forward_single_position`` of each MTP
 layer (what ``compute_mtp_single_step`` runs) with every position of a recorded forward as its
-own batch row (``[1, positions, hidden]``): what the
-engine computes for one request at a time. The engine batches its requests as one sequence
-(``[requests, 1, hidden]``) under the layer's causal mask, so there a request's draft also
-attends over the requests batched before it; no teacher-forced figure can know that batch.
+own batch row (``[1, positions, hidden]``): what the engine computes for one request at a
+time. The engine batches its requests as one sequence (``[requests, 1, hidden]``) under the
+layer's causal mask, so there a request's draft also attends over the requests batched before
+it; no teacher-forced figure can know that batch.
 """
 
 from __future__ import annotations
