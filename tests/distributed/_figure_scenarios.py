@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import torch
-from _objective_scenarios import _depths
 
 import mtp_hooks
 
@@ -17,7 +16,7 @@ def single_position_under_cp(rank: int) -> dict:
     """CP=2: a single-position draft would run the MTP layer's attention across the ranks'
     rows, as no engine step does, so the figures are left out (``None``) while the others are
     recorded as ever."""
-    model = _depths(_cp_model(depths=DEPTHS))
+    model = _cp_model(depths=DEPTHS)
     ids = torch.randint(0, VOCAB, (2, SEQ), generator=torch.Generator().manual_seed(3))
     positions = torch.arange(SEQ).unsqueeze(0).expand(2, -1).contiguous()
     local = _on_this_cp_rank({"tokens": ids, "position_ids": positions})
