@@ -170,3 +170,12 @@ def test_the_checks_find_a_cycle_and_an_upward_lazy_import(tmp_path):
         assert upward({"pkg.d": lazy["pkg.d"]}) == ["pkg.d -> pkg.a"]
     finally:
         del LAYERS["test: low"], LAYERS["test: high"]
+
+
+def test_no_two_test_modules_share_a_basename():
+    # pytest imports test modules by basename (no __init__.py in tests/): a second module of
+    # the same name stops the whole collection with "import file mismatch"
+    seen: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    assert {name: paths for name, paths in seen.items() if len(paths) > 1} == {}
