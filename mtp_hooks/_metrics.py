@@ -43,7 +43,7 @@ class MTPMetrics:
             high wherever easy positions follow each other.
         single_position_accepted_length: ``accepted_length`` over drafts computed the way
             megatron-core's inference engine computes them (``compute_mtp_single_step``,
-            0.18 on): each depth runs on the drafted position alone, so its attention sees
+            0.17 on): each depth runs on the drafted position alone, so its attention sees
             no earlier position of the sequence, where training's MTP forward sees them all.
             It predicts megatron's engine drafting one request at a time; engines that keep
             the MTP layer's own cache (vLLM, SGLang) draft as trained, which

@@ -33,19 +33,20 @@ METRICS = (
     "single_position_accepted_length",
     "single_position_sampled_accepted_length",
 )
+_SINGLE_POSITION_MISSING = (
+    "an engine's counters carry none, and +metrics computes it only where megatron-core has "
+    "compute_mtp_single_step (0.17 on), without sequence or context parallelism, FP8, MoE or "
+    "CUDA graphs); record with +metrics there"
+)
 # The whole-sequence figures that only some MTPMetrics carry, and how to get them
 _OPTIONAL = {
     "sampled_accepted_length": (
         "an engine's counters, from acceptance_from_counts or acceptance_from_megatron, carry "
         "none); record with +metrics"
     ),
-    "single_position_accepted_length": (
-        "an engine's counters carry none, and +metrics computes it only where megatron-core "
-        "has compute_mtp_single_step (0.17 on), without sequence or context parallelism, FP8, "
-        "MoE or CUDA graphs); record with +metrics there"
-    ),
+    "single_position_accepted_length": _SINGLE_POSITION_MISSING,
+    "single_position_sampled_accepted_length": _SINGLE_POSITION_MISSING,
 }
-_OPTIONAL["single_position_sampled_accepted_length"] = _OPTIONAL["single_position_accepted_length"]
 MAX_WINDOW = 1_000_000  # updates pooled at most: far beyond any run's, and a deque can hold it
 
 

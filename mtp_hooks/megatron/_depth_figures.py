@@ -170,7 +170,7 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
             model._scale_logits if getattr(model.config, "use_mup", False) else None
         )
         single = single_position_logits(
-            model, chunks[0], request.input_ids, request.position_ids, roll
+            model, chunks[0], request.input_ids, request.position_ids, roll, weight, scale
         )
         drafts = Drafts([], [], [], single)
         group = _vocab_parallel.group_of(model, request.runtime_gather_output)
@@ -262,12 +262,12 @@ def sampled_values(
             draft = _vocab_parallel.log_softmax(drafts.logits[depth].float(), group)
             accept = _vocab_parallel.sum_over((draft + target).exp().sum(dim=-1), group)
             chain = accept if chain is None else chain * accept
+            valid, present = drafts.valid[depth], drafts.present[depth]
             if drafts.single is not None:
                 single = _vocab_parallel.log_softmax(drafts.single[depth].float(), group)
                 agree = _vocab_parallel.sum_over((single + target).exp().sum(dim=-1), group)
                 single_chain = agree if single_chain is None else single_chain * agree
-                single_chains.append(single_chain * drafts.present[depth])
-            valid, present = drafts.valid[depth], drafts.present[depth]
+                single_chains.append(single_chain * present)
             values[_SAMPLED, depth] = (accept * valid).sum()
             chains.append(chain * present)
             values[_SAMPLED_CHAIN, depth] = chains[-1].sum()

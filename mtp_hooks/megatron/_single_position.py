@@ -17,7 +17,7 @@ it; no teacher-forced figure can know that batch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,29 +28,21 @@ __all__ = ["single_position_logits", "supported"]
 def supported(model: Any) -> bool:
     """Whether this model can draft position by position as the engine does, in an extra
     forward of its MTP layers that changes nothing: they have megatron-core's
-    ``forward_single_position`` (0.17 on), and none of sequence or context parallelism, FP8 or
-    FP4, MoE or CUDA graphs is on (see :func:`_stateful`)."""
+    ``forward_single_position`` (0.17 on), and none of the settings below is on."""
     layers: Any = getattr(getattr(model, "mtp", None), "layers", None)
     if not layers or not callable(getattr(layers[0], "forward_single_position", None)):
         return False
-    return not any(_stateful(model.config))
-
-
-def _stateful(config: Any) -> Iterator[str]:
-    """What makes an extra forward of the MTP layers unsafe or unlike the engine's: the
-    ``TransformerConfig`` settings under which it is left out."""
-    if getattr(config, "sequence_parallel", False):
-        yield "sequence parallelism"  # splits the rows the engine stacks its requests along
-    if (getattr(config, "context_parallel_size", 1) or 1) > 1:
-        yield "context parallelism"  # attention would trade keys across the ranks' rows
-    if getattr(config, "fp8", None) or getattr(config, "fp4", None):
-        yield "FP8 or FP4"  # the extra forward would move the layers' scaling state
-    if getattr(config, "num_moe_experts", None):
-        yield "MoE"  # routers count the tokens they route (expert bias, aux-loss logs)
-    if getattr(config, "enable_cuda_graph", False) or getattr(
-        config, "cuda_graph_impl", "none"
-    ) not in ("none", None):
-        yield "CUDA graphs"  # a captured layer would meet a shape it was not captured for
+    config = model.config
+    graphs = getattr(config, "cuda_graph_impl", "none") not in ("none", None)
+    return not (
+        getattr(config, "sequence_parallel", False)  # splits the rows requests stack along
+        or (getattr(config, "context_parallel_size", 1) or 1) > 1  # trades keys across ranks
+        or getattr(config, "fp8", None)  # the extra forward would move the scaling state
+        or getattr(config, "fp4", None)
+        or getattr(config, "num_moe_experts", None)  # routers count the tokens they route
+        or getattr(config, "enable_cuda_graph", False)  # a captured layer meets a new shape
+        or graphs
+    )
 
 
 def single_position_logits(
@@ -59,6 +51,8 @@ def single_position_logits(
     input_ids: torch.Tensor | None,
     position_ids: torch.Tensor | None,
     roll: Callable[[torch.Tensor], Any],
+    weight: torch.Tensor | None = None,
+    scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> list[torch.Tensor] | None:
     """Per depth, ``[s, b, v]`` logits (the whole vocabulary on every rank) of the drafts the
     engine computes at each position, or ``None`` where it cannot be done (see
@@ -67,7 +61,9 @@ def single_position_logits(
     Depth ``d`` at position ``i`` reads the token at ``i + d + 1`` (``input_ids`` rolled as
     training rolls them, so context and tensor parallelism and packed sequences line up with
     the depth's labels) and the hidden state depth ``d - 1`` produced there (the decoder's for
-    the first depth), as the engine does along a chain of accepted drafts.
+    the first depth), as the engine does along a chain of accepted drafts. ``weight`` (a tied
+    output weight) and ``scale`` (MuP's logit scaling) are the caller's, as for the depths'
+    own projections.
 
     This is the body of megatron's ``compute_mtp_single_step`` with two differences: the
     projection goes through ``output_layer.forward``, not the module call, so that hooks that
@@ -80,8 +76,6 @@ def single_position_logits(
     if position_ids is None:
         position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
     repeated = bool(getattr(model.mtp, "mtp_use_repeated_layer", False))
-    tied = bool(getattr(model, "share_embeddings_and_output_weights", False))
-    weight = model.shared_embedding_or_output_weight() if tied else None
     current = decoder_hidden.reshape(1, s * b, h)  # sequence length 1: one position a row
     tokens, positions = input_ids, position_ids
     out = []
@@ -98,7 +92,7 @@ def single_position_logits(
             logits, _ = model.output_layer.forward(
                 current, weight=weight, runtime_gather_output=True
             )
-            if getattr(model.config, "use_mup", False):
-                logits = model._scale_logits(logits)
+            if scale is not None:
+                logits = scale(logits)
             out.append(logits.reshape(s, b, -1))
     return out
