@@ -1,9 +1,9 @@
 """What megatron's inference engine feeds an MTP depth's attention when it drafts.
 
-megatron-core's engine drafts through ``compute_mtp_single_step`` (0.19 and Megatron-LM main
-as of 2026-08): the verified token of every active request goes in as one sequence of
-``[requests, 1, hidden]``, with no attention mask, no rotary embedding and no KV cache. The
-MTP layer's self-attention is causal, so request ``r``'s draft attends over requests
+megatron-core's engine drafts through ``compute_mtp_single_step`` (0.17 to 0.19, and
+Megatron-LM main as of 2026-08): the verified token of every active request goes in as one
+sequence of ``[requests, 1, hidden]``, with no attention mask, no rotary embedding and no KV
+cache. The MTP layer's self-attention is causal, so request ``r``'s draft attends over requests
 ``0..r`` of the batch and never over its own earlier positions. This script shows it on the
 model megatron builds with Transformer Engine's layers on a GPU (a CPU test shows it with
 megatron's local layers): each request's draft logits batched against alone, and after
