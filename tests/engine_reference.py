@@ -9,7 +9,12 @@ by position as the engine goes. Used by tests/adapters and tests/distributed.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_drafter"
 
 
 def _engine_step(model, state, token, position, depth: int):
@@ -81,20 +86,10 @@ def per_position(
     return runs, reaches, regions
 
 
-def one_request_at_a_time(
-    model,
-    decoder_hidden: torch.Tensor,
-    ids: torch.Tensor,
-    positions: torch.Tensor,
-    labels: torch.Tensor,
-    loss_mask: torch.Tensor,
-    weight: torch.Tensor,
-) -> tuple[float, float]:
+def one_request_at_a_time(*args) -> tuple[float, float]:
     """``(greedy accepted length, expected sampled accepted length)`` per verify step, the
-    engine's walks over :func:`per_position`'s figures (same arguments)."""
-    runs, reaches, regions = per_position(
-        model, decoder_hidden, ids, positions, labels, loss_mask, weight
-    )
+    engine's walks over :func:`per_position`'s figures (its arguments)."""
+    runs, reaches, regions = per_position(*args)
     greedy_accepted = greedy_steps = sampled_accepted = sampled_steps = 0.0
     for run, reach, region in zip(runs, reaches, regions, strict=True):
         seq = len(run)
@@ -132,3 +127,14 @@ def sampled_walk(reach: list[list[float]], region: list[bool]) -> tuple[float, f
         accepted += visit[i] * sum(reach[i][1:])
         steps += visit[i]
     return accepted, steps
+
+
+def batched_against_alone(model, requests: int) -> dict:
+    """``benchmarks/rl_drafter/engine_draft_attention.py``'s comparison on ``model``: each
+    request's first-depth draft logits batched as the engine batches them, against alone."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import engine_draft_attention
+    finally:
+        sys.path.remove(str(BENCH))
+    return engine_draft_attention.compare(model, requests)

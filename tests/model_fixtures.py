@@ -63,6 +63,17 @@ def has_detach_field() -> bool:
     return "mtp_detach_heads" in TransformerConfig.__dataclass_fields__
 
 
+def has_transformer_engine() -> bool:
+    """Whether a CUDA GPU and ``transformer_engine`` are both there (the TE tests need both)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def guards_empty_masks() -> bool:
     """Whether megatron's MTP loss survives a mask with no position (process_mtp_loss, 0.18 on);
     mtp-hooks refuses MTP loss masks where it does not (0.16)."""

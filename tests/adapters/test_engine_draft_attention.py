@@ -9,17 +9,13 @@ the docs (user guide, benchmarks) must follow.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from mtp_hooks.demo import tiny_models
 
 from cpu_stand_ins import cpu_causal_mask
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rl_drafter"
+from engine_reference import batched_against_alone
 
 
 def test_a_request_drafted_in_a_batch_attends_over_the_requests_before_it(monkeypatch):
@@ -31,12 +27,7 @@ def test_a_request_drafted_in_a_batch_attends_over_the_requests_before_it(monkey
 
     # megatron builds the default causal mask on CUDA
     monkeypatch.setattr(fused_softmax, "get_default_causal_mask", cpu_causal_mask)
-    sys.path.insert(0, str(BENCH))
-    try:
-        import engine_draft_attention
-    finally:
-        sys.path.remove(str(BENCH))
-    result = engine_draft_attention.compare(model, requests=6)
+    result = batched_against_alone(model, requests=6)
     batched_vs_alone = result["batched_vs_alone_max_abs"]
     moved = result["after_changing_request_0_max_abs"]
     assert batched_vs_alone[0] < 1e-5  # the first request sees only itself

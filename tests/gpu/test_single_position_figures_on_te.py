@@ -9,9 +9,6 @@ request, on TE's layers in float32.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -20,25 +17,22 @@ pytest.importorskip("megatron.core")
 import mtp_hooks  # noqa: E402
 from mtp_hooks.demo import tiny_models  # noqa: E402
 
-from engine_reference import first_depth_drafts, one_request_at_a_time  # noqa: E402
-
-HAVE_TE = False
-if torch.cuda.is_available():
-    try:
-        import transformer_engine  # noqa: F401
-
-        HAVE_TE = True
-    except ImportError:
-        pass
+from engine_reference import (  # noqa: E402
+    batched_against_alone,
+    first_depth_drafts,
+    one_request_at_a_time,
+)
+from model_fixtures import has_transformer_engine  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not HAVE_TE, reason="needs a CUDA GPU and transformer_engine"),
+    pytest.mark.skipif(
+        not has_transformer_engine(), reason="needs a CUDA GPU and transformer_engine"
+    ),
     pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 
 SEQ, BATCH, VOCAB, DEPTHS = 24, 2, 256, 2
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "rl_drafter"
 
 
 def build(depths: int = DEPTHS):
@@ -84,12 +78,7 @@ def test_on_te_a_request_drafted_in_a_batch_attends_over_the_requests_before_it(
     model = build(depths=1)
     if not callable(getattr(model, "compute_mtp_single_step", None)):
         pytest.skip("this megatron-core has no compute_mtp_single_step (0.17 on)")
-    sys.path.insert(0, str(BENCH))
-    try:
-        import engine_draft_attention
-    finally:
-        sys.path.remove(str(BENCH))
-    result = engine_draft_attention.compare(model, requests=6)
+    result = batched_against_alone(model, requests=6)
     batched_vs_alone = result["batched_vs_alone_max_abs"]
     assert batched_vs_alone[0] < 1e-4
     assert all(d > 1e-3 for d in batched_vs_alone[1:])

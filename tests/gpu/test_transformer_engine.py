@@ -35,19 +35,13 @@ import mtp_hooks  # noqa: E402
 from mtp_hooks.demo import tiny_models  # noqa: E402
 
 from dispatch_counts import dispatched, phase_steps  # noqa: E402
-
-HAVE_TE = False
-if torch.cuda.is_available():
-    try:
-        import transformer_engine  # noqa: F401
-
-        HAVE_TE = True
-    except ImportError:
-        pass
+from model_fixtures import has_transformer_engine  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
-    pytest.mark.skipif(not HAVE_TE, reason="needs a CUDA GPU and transformer_engine"),
+    pytest.mark.skipif(
+        not has_transformer_engine(), reason="needs a CUDA GPU and transformer_engine"
+    ),
     pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 
