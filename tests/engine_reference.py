@@ -18,13 +18,16 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks" / "rl_drafter"
 
 
 def _engine_step(model, state, token, position, depth: int):
-    """megatron's ``compute_mtp_single_step`` as the engine calls it for one request."""
-    return model.compute_mtp_single_step(
-        hidden_states=state,
-        next_token_ids=token.reshape(1, 1),
-        position_ids=position.reshape(1, 1),
-        depth=depth,
-    )
+    """megatron's ``compute_mtp_single_step`` as the engine calls it for one request, on
+    tensors made under inference mode as the engine's are (Transformer Engine's norm refuses a
+    normal tensor viewed inside the method's inference mode)."""
+    with torch.inference_mode():
+        return model.compute_mtp_single_step(
+            hidden_states=state.clone(),
+            next_token_ids=token.reshape(1, 1).clone(),
+            position_ids=position.reshape(1, 1).clone(),
+            depth=depth,
+        )
 
 
 def first_depth_drafts(model, hidden: torch.Tensor, ids, positions) -> torch.Tensor:

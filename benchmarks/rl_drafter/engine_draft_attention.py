@@ -30,12 +30,17 @@ def compare(model, requests: int) -> dict:
     tokens = torch.randint(0, model.vocab_size, (1, requests), device=device)
     positions = torch.arange(requests, device=device).unsqueeze(0) + 5
 
-    @torch.no_grad()
     def draft(hid: torch.Tensor, tok: torch.Tensor, where: torch.Tensor) -> torch.Tensor:
-        _, logits = model.compute_mtp_single_step(
-            hidden_states=hid, next_token_ids=tok, position_ids=where, depth=0
-        )
-        return logits.float()
+        # The engine hands over tensors made under inference mode; Transformer Engine's norm
+        # refuses a normal tensor viewed inside the method's own inference mode.
+        with torch.inference_mode():
+            _, logits = model.compute_mtp_single_step(
+                hidden_states=hid.clone(),
+                next_token_ids=tok.clone(),
+                position_ids=where.clone(),
+                depth=0,
+            )
+            return logits.float()
 
     batched = draft(hidden, tokens, positions)
     alone = torch.cat(
