@@ -80,5 +80,7 @@ def test_on_te_a_request_drafted_in_a_batch_attends_over_the_requests_before_it(
         pytest.skip("this megatron-core has no compute_mtp_single_step (0.17 on)")
     result = batched_against_alone(model, requests=6)
     batched_vs_alone = result["batched_vs_alone_max_abs"]
-    assert batched_vs_alone[0] < 1e-4
-    assert all(d > 1e-3 for d in batched_vs_alone[1:])
+    # Request 0 sees only itself either way: what is left is the kernels' rounding at another
+    # batch shape (1.4e-4 on an H200). Every later request also attends over the others.
+    assert batched_vs_alone[0] < 1e-3
+    assert all(d > 20 * batched_vs_alone[0] for d in batched_vs_alone[1:])
