@@ -22,7 +22,10 @@ class PolicyError(MTPHooksError, ValueError):
 
 
 class PolicyConflictError(MTPHooksError):
-    """Plugins voted both ways for one (role, phase); the policy config must settle it."""
+    """Two sources disagree for one (role, phase): plugins voted both ways (the policy
+    config must settle it), or a caller passed ``compute_mtp_loss=False`` to a call whose
+    decision asks for more than a skip (``+metrics``, ``+objective``, a weight, ``+detach``,
+    ``+mask:labels``)."""
 
     __module__ = "mtp_hooks"
 

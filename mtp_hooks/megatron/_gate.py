@@ -50,6 +50,7 @@ from . import (
 from ._call_stack import CONFIG as _CONFIG
 from ._call_stack import MTP_PROCESS as _MTP_PROCESS
 from ._call_stack import Gates, call_record, gates
+from ._capabilities import NATIVE_FLAG as _NATIVE_FLAG
 from ._config_view import Views
 from ._config_view import config_view as _config_view
 from ._phase_plan import DETACHED as _DETACHED
@@ -272,6 +273,12 @@ class MTPGate:
                 plan = _phase_plan.plan(self, module, phase)
             else:
                 plan = cached
+        if self.native and plan.run and kwargs.get(_NATIVE_FLAG) is False:
+            # The caller turned MTP off for this call itself: its keyword wins, as an inference
+            # call's does, and a plan that asks more of the call than a skip is refused.
+            _refusals.check_callers_own_skip(module, plan)
+            plan.counters[_UNTOUCHED] += 1
+            return None
         if plan.masking or (_open_blocks[0] and plan.run and _loss_masks.context_masks()):
             _loss_masking.apply(self.lock, module, plan, args, kwargs)  # before +metrics reads it
         if plan.hooked:  # one flag on the hot path for the two rarer options

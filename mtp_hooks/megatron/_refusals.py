@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from .. import _sources
-from .._errors import UnsupportedModelError
+from .._errors import PolicyConflictError, UnsupportedModelError
 from . import _capabilities, _cuda_graphs, _standalone
 
 UNGUARDED = (
@@ -62,6 +62,31 @@ def refuse_tied_stage_skip() -> None:
         "runs MTP here, set share_embeddings_and_output_weights=False, or upgrade to a "
         "megatron-core whose HybridModel.forward accepts compute_mtp_loss."
     )
+
+
+def check_callers_own_skip(model: Any, plan: Any) -> None:
+    """A call to which its caller passed ``compute_mtp_loss=False`` while ``plan`` (a
+    ``PhasePlan`` that runs MTP) asks for what only a run gives."""
+    asked = [
+        name
+        for name, on in (
+            ("+metrics", plan.metrics),
+            ("+objective", plan.objective is not None),
+            ("a loss weight or +detach", plan.changes is not None),
+            ("+mask:labels", plan.ignore_index is not None),
+        )
+        if on
+    ]
+    if asked:
+        raise PolicyConflictError(
+            f"mtp_hooks: this {type(model).__name__} forward in phase '{plan.phase}' was called "
+            f"with compute_mtp_loss=False, which turns MTP off for the call, but the decision "
+            f"for '{plan.phase}' asks to run it with {' and '.join(asked)}. A caller's own "
+            f"compute_mtp_loss=False always wins. Let mtp-hooks decide instead (drop the "
+            f"keyword, and set {plan.phase}=skip where MTP should not run), or drop "
+            f"{' and '.join(asked)} for '{plan.phase}'; mtp_hooks.explain(model, "
+            f"'{plan.phase}') shows who asked for it."
+        )
 
 
 def refuse_compiling() -> None:

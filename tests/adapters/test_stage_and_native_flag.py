@@ -8,7 +8,7 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import native
+from model_fixtures import has_detach_field, native
 
 
 def mtp_stage(build):
@@ -98,3 +98,60 @@ def test_the_native_flag_is_used_even_on_a_tied_stage(kind, build, batch):
     stage_input(model, batch)
     model(*batch.args(), labels=batch.labels)
     assert [r[:2] for r in model.received] == [(False, True)]
+
+
+# Megatron-LM main's keyword is HybridModel's; the emulation on a released GPTModel cannot
+# turn MTP off from inside forward (its loss code still runs), so these take the hybrid only.
+@pytest.mark.parametrize("kind", ["hybrid"])
+def test_a_callers_own_compute_mtp_loss_false_wins_over_a_run_and_counts_as_untouched(
+    build, kind, batch, count_mtp
+):
+    model = build(model_cls=native(kind))
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    model(*batch.args(), labels=batch.labels, compute_mtp_loss=False)
+    assert model.received == [(False, True, model.config)]
+    assert counter.n == 0
+    assert handle.stats() == {"train": {"untouched": 1}}
+
+
+@pytest.mark.parametrize("kind", ["hybrid"])
+@pytest.mark.parametrize(
+    ("policy", "phase", "named"),
+    [
+        ("eval=run+metrics", "eval", "+metrics"),
+        ("train=run:0.5", "train", "a loss weight"),
+        ("train=run+mask:labels", "train", "+mask:labels"),
+    ],
+)
+def test_a_callers_own_compute_mtp_loss_false_against_more_than_a_run_is_refused_before_the_forward(
+    build, kind, batch, policy, phase, named
+):
+    model = build(model_cls=native(kind))
+    model.train(phase == "train")
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure(policy)
+    with pytest.raises(mtp_hooks.PolicyConflictError, match="compute_mtp_loss=False") as err:
+        model(*batch.args(), labels=batch.labels, compute_mtp_loss=False)
+    assert named in str(err.value) and f"{phase}=skip" in str(err.value)
+    assert "received" not in model.__dict__  # refused before megatron's forward began
+    assert not model.mtp._forward_hooks and not model.output_layer._forward_hooks
+    assert handle.stats() == {}
+    mtp_hooks.configure(f"{phase}=run")  # the same call with a plain run goes through
+    model(*batch.args(), labels=batch.labels, compute_mtp_loss=False)
+    assert model.received == [(False, True, model.config)]
+
+
+@pytest.mark.skipif(not has_detach_field(), reason="+objective needs megatron-core 0.19's +detach")
+@pytest.mark.parametrize("kind", ["hybrid"])
+def test_a_callers_own_compute_mtp_loss_false_against_an_objective_is_refused_not_left_untrained(
+    build, kind, batch
+):
+    model = build(model_cls=native(kind))
+    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run+detach+objective:kl")
+    with pytest.raises(mtp_hooks.PolicyConflictError, match=r"with \+objective"):
+        model(*batch.args(), labels=batch.labels, compute_mtp_loss=False)
+    assert "received" not in model.__dict__
+    assert not model.output_layer._forward_hooks  # no objective call left open
