@@ -43,6 +43,7 @@ from . import (
     _loss_masking,
     _objectives,
     _phase_plan,
+    _projections,
     _recorder,
     _refusals,
     _standalone,
@@ -117,6 +118,7 @@ class MTPGate:
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
         self.recorder: _recorder.Recorder | None = None  # made by the first +metrics plan
         self.objectives: _objectives.Objectives | None = None  # by the first +objective call
+        self.projections: _projections.Projections | None = None  # what both of them read
         self.hooked = False  # either exists: the post-hook's one check for both
         self.views = Views()  # the configs skipped and re-weighted calls run with
         self.lock = threading.Lock()
@@ -283,13 +285,20 @@ class MTPGate:
             _loss_masking.apply(self.lock, module, plan, args, kwargs)  # before +metrics reads it
         if plan.hooked:  # one flag on the hot path for the two rarer options
             if plan.metrics:  # +metrics: ask model.mtp's output to be measured
-                self.recorder = self.recorder or _recorder.Recorder(module)
+                self.recorder = self.recorder or _recorder.Recorder(module, self.projected(module))
                 self.recorder.request(module, plan.phase, args, kwargs)
                 self.hooked = True
             if plan.objective is not None and _grad_enabled():  # +objective: the projections
                 self._request_objective(module, plan, args, kwargs)
                 self.hooked = True
         return plan
+
+    def projected(self, module: torch.nn.Module) -> _projections.Projections:
+        """The watcher of megatron's output-layer projections that ``+metrics`` and
+        ``+objective`` share, made at the first call that needs it."""
+        if self.projections is None:
+            self.projections = _projections.Projections(module)
+        return self.projections
 
     def _request_objective(
         self,
@@ -308,7 +317,7 @@ class MTPGate:
         factor = plan.loss_scale
         if factor is None:
             factor = self.base[_CONFIG].mtp_loss_scaling_factor
-        self.objectives = self.objectives or _objectives.Objectives(module)
+        self.objectives = self.objectives or _objectives.Objectives(self.projected(module))
         self.objectives.request(module, _objectives.Call(request, kind, temperature, factor))
 
     def post_hook(

@@ -9,15 +9,16 @@ next-token distribution at the position it drafts for, with no edit to megatron:
 * The call runs with megatron's MTP loss weight set to 0 (the config view that carries a
   weight), so megatron's cross-entropy still runs, forward and backward, but adds nothing to
   any gradient. That is its whole cost: a cross-entropy per depth.
-* A forward hook on ``model.output_layer`` sees megatron's own projections: one per depth
-  inside ``process_mtp_loss``, then the policy's. No extra projection is made. At the policy's,
-  it computes the objective from the depths' logits and the policy's (detached, at the given
-  temperature, rolled along the sequence by the depth exactly as megatron rolls labels:
-  context parallelism and packed sequences included), weighted and normalised exactly as
-  megatron weights its MTP loss. The model's forward then returns its output through megatron's
-  own ``MTPLossAutoScaler`` carrying the objective, so the backward of whatever the caller
-  computes from it also trains MTP. (Not the logits themselves: megatron's cross-entropy
-  changes them in place, which autograd forbids on the output of such a function.)
+* megatron's own projections, one per depth inside ``process_mtp_loss`` and then the
+  policy's, are read as they are made (:mod:`._projections`): no extra projection is made.
+  At the policy's, it computes the objective from the depths' logits and the policy's
+  (detached, at the given temperature, rolled along the sequence by the depth exactly as
+  megatron rolls labels: context parallelism and packed sequences included), weighted and
+  normalised exactly as megatron weights its MTP loss. The model's forward then returns its
+  output through megatron's own ``MTPLossAutoScaler`` carrying the objective, so the backward
+  of whatever the caller computes from it also trains MTP. (Not the logits themselves:
+  megatron's cross-entropy changes them in place, which autograd forbids on the output of
+  such a function.)
 * ``kl`` and ``tv`` need ``+detach``: megatron then detaches MTP's inputs, embeddings and
   output weight, so the objective trains the MTP weights alone and the policy's update stays
   that of a skip.
@@ -28,8 +29,8 @@ objective's sums then reduce over the tensor-parallel group (:mod:`._vocab_paral
 
 from __future__ import annotations
 
+import copy
 import threading
-import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,6 +40,7 @@ from megatron.core.transformer import multi_token_prediction as _mtp
 from .._errors import UnsupportedModelError
 from . import _depth_figures, _vocab_parallel
 from ._depth_figures import Request
+from ._projections import Projections
 
 
 @dataclass
@@ -56,58 +58,62 @@ class Call:
 
 
 class Objectives:
-    """The objective calls of one gated model, by thread, and the output-layer hook they use
-    (registered while a call is open, removed when none is)."""
+    """The objective calls of one gated model, by thread; they hear megatron's projections
+    through the model's :class:`~._projections.Projections` while a call is open."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self._model = weakref.ref(model)
+    def __init__(self, projections: Projections) -> None:
+        self.projections = projections
         self.lock = threading.Lock()
         self.calls: dict[int, Call] = {}
-        self.handle: torch.utils.hooks.RemovableHandle | None = None
 
     def request(self, model: Any, call: Call) -> None:
         """Open ``call`` for this thread's forward of ``model``, starting now."""
         with self.lock:
             self.calls[threading.get_ident()] = call
-            if self.handle is None:
-                self.handle = model.output_layer.register_forward_hook(self._on_output)
+        self.projections.listen(model, self)
 
     def end(self) -> torch.Tensor | None:
         """Close this thread's call, whether or not its forward completed; return the objective
         it computed, if it got that far."""
         with self.lock:
             call = self.calls.pop(threading.get_ident(), None)
-            if not self.calls and self.handle is not None:
-                self.handle.remove()
-                self.handle = None
+        self.projections.stop(self)
         return None if call is None else call.loss
 
-    def _on_output(self, layer: torch.nn.Module, args: tuple[Any, ...], output: Any) -> Any:
-        with self.lock:
-            call = self.calls.get(threading.get_ident())
-        model: Any = self._model()
-        if call is None or model is None:
-            return None
-        logits = output[0]
-        if getattr(model.config, "use_mup", False):
-            logits = model._scale_logits(logits)  # as megatron scales what it trains on
-        group = _vocab_parallel.group_of(model, call.request.runtime_gather_output)
-        if len(call.drafts) < model.config.mtp_num_layers:
-            # A depth's projection, inside process_mtp_loss. Taken now, as log-probabilities:
-            # megatron's cross-entropy overwrites these logits in place right after.
-            call.drafts.append(
-                _vocab_parallel.log_softmax(logits.float() / call.temperature, group)
-            )
-        elif call.loss is None:  # the policy's projection
-            call.loss = objective_loss(model, call, logits)
+    def depth(self, model: Any, depth: int, logits: torch.Tensor) -> None:
+        """A depth's projection, inside ``process_mtp_loss``: taken now, as log-probabilities,
+        because megatron's cross-entropy overwrites these logits in place right after."""
+        call = self._call()
+        if call is not None:
+            group = _vocab_parallel.group_of(model, call.request.runtime_gather_output)
+            scaled = _scaled(model, logits).float() / call.temperature
+            call.drafts.append(_vocab_parallel.log_softmax(scaled, group))
+
+    def policy(self, model: Any, logits: torch.Tensor) -> None:
+        """The policy's projection: the objective of every depth taken so far."""
+        call = self._call()
+        if call is not None and call.loss is None:
+            call.loss = objective_loss(model, call, _scaled(model, logits))
             call.drafts.clear()
-        return None
+
+    def _call(self) -> Call | None:
+        with self.lock:
+            return self.calls.get(threading.get_ident())
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Objectives:
         """A copied model opens no call of the original's (its gate starts without one)."""
         new = object.__new__(Objectives)
-        new._model, new.lock, new.calls, new.handle = self._model, threading.Lock(), {}, None
+        new.lock, new.calls = threading.Lock(), {}
+        new.projections = copy.deepcopy(self.projections, memo)
         return new
+
+
+def _scaled(model: Any, logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` scaled as megatron scales what it trains on (MuP), else as they are."""
+    if getattr(model.config, "use_mup", False):
+        scaled: torch.Tensor = model._scale_logits(logits)
+        return scaled
+    return logits
 
 
 def attach(output: Any, loss: torch.Tensor) -> Any:

@@ -13,6 +13,7 @@ registered then.
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import threading
@@ -32,6 +33,7 @@ from ._depth_figures import (
     sampled_values,
     to_metrics,
 )
+from ._projections import Projections
 
 __all__ = ["Recorder", "call_arguments", "derives_labels", "running_means", "takes_loss_mask"]
 
@@ -94,17 +96,16 @@ def loss_request(
 class Recorder:
     """The metrics of one gated model: pending requests by thread, and totals by phase."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, projections: Projections) -> None:
         self._model = weakref.ref(model)
+        self.projections = projections  # the policy's projection, which the sampled figures read
         self.lock = threading.Lock()
         self.pending: dict[int, Request] = {}
         self.done: dict[int, tuple[Any, torch.Tensor]] = {}  # thread -> (phase, forward values)
         self.totals: dict[Any, tuple[torch.Tensor, int]] = {}  # phase -> (float64 sums, forwards)
         self.handle: torch.utils.hooks.RemovableHandle | None = None
-        # thread -> (request, drafts, megatron's MTP projections still to come) between the MTP
-        # block's output and the policy's projection, which the sampled figures read
-        self.waiting: dict[int, tuple[Request, Drafts, list[int]]] = {}
-        self.output_handle: torch.utils.hooks.RemovableHandle | None = None
+        # thread -> (request, drafts) between the MTP block's output and the policy's projection
+        self.waiting: dict[int, tuple[Request, Drafts]] = {}
 
     def request(
         self, model: Any, phase: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -117,6 +118,7 @@ class Recorder:
             self.pending[threading.get_ident()] = request
             if self.handle is None:
                 self.handle = model.mtp.register_forward_hook(self._on_mtp)
+        self.projections.listen(model, self)
 
     def cancel(self) -> None:
         """Drop this thread's request (left by a call interrupted before it ended)."""
@@ -124,6 +126,7 @@ class Recorder:
             self.pending.pop(threading.get_ident(), None)
             self.waiting.pop(threading.get_ident(), None)
             self._drop_hook_if_idle()
+        self.projections.stop(self)
 
     def _on_mtp(self, block: torch.nn.Module, args: tuple[Any, ...], hidden: torch.Tensor) -> None:
         thread = threading.get_ident()
@@ -141,27 +144,20 @@ class Recorder:
             sums = values.double() if sums is None else sums + values.double()
             self.totals[request.phase] = (sums, forwards + 1)
             self.done[thread] = (request.phase, values)
-            # megatron projects each depth for its own loss, then the policy: wait for that one
-            self.waiting[thread] = (request, drafts, [model.config.mtp_num_layers])
-            if self.output_handle is None:
-                self.output_handle = model.output_layer.register_forward_hook(self._on_output)
+            self.waiting[thread] = (request, drafts)  # until the policy's projection
 
-    def _on_output(self, layer: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
+    def depth(self, model: Any, depth: int, logits: torch.Tensor) -> None:
+        """A depth's projection for megatron's own loss: the figures took theirs already."""
+
+    def policy(self, model: Any, logits: torch.Tensor) -> None:
+        """The policy's projection: the sampled figures of this thread's recorded forward."""
         thread = threading.get_ident()
         with self.lock:
-            entry = self.waiting.get(thread)
-            if entry is None:
-                return
-            request, drafts, still = entry
-            if still[0] > 0:  # one of megatron's own MTP projections
-                still[0] -= 1
-                return
-            del self.waiting[thread]
-            self._drop_hook_if_idle()
-        model: Any = self._model()
-        if model is None:
+            entry = self.waiting.pop(thread, None)
+        if entry is None:
             return
-        extra = sampled_values(model, request, drafts, output[0])
+        request, drafts = entry
+        extra = sampled_values(model, request, drafts, logits)
         with self.lock:
             sums, forwards = self.totals[request.phase]
             self.totals[request.phase] = (sums + extra.double(), forwards)
@@ -183,9 +179,6 @@ class Recorder:
         if not self.pending and self.handle is not None:
             self.handle.remove()
             self.handle = None
-        if not self.waiting and self.output_handle is not None:
-            self.output_handle.remove()
-            self.output_handle = None
 
     def take(self, reset: bool) -> dict[Any, tuple[torch.Tensor, int]]:
         """The totals by phase, ``(float64 [ROWS, depths] sums, forwards)`` (see
@@ -201,7 +194,7 @@ class Recorder:
         new = object.__new__(Recorder)
         new.__dict__.update(self.__dict__)
         new.lock, new.pending, new.done, new.totals, new.handle = threading.Lock(), {}, {}, {}, None
-        new.waiting, new.output_handle = {}, None
+        new.waiting, new.projections = {}, copy.deepcopy(self.projections, memo)
         return new
 
 

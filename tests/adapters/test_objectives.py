@@ -227,6 +227,23 @@ def test_metrics_beside_an_objective_leave_its_gradients_bit_for_bit(deep, batch
     assert handle.metrics()["train"].forwards == 1
 
 
+def test_metrics_and_an_objective_hear_megatrons_projections_through_one_hook(deep, batch):
+    # which of megatron's projections is a depth's and which the policy's is told in one place
+    hooks, sampled = [], {}
+    for policy in ("train=run+detach+metrics", "train=run+detach+objective:kl+metrics"):
+        model = deep(seed=6)
+        layer = model.output_layer
+        layer.register_forward_pre_hook(lambda m, a: hooks.append(len(m._forward_hooks)))
+        handle = mtp_hooks.attach(model)
+        mtp_hooks.configure(policy)
+        train_step(model, batch)
+        sampled[policy] = handle.metrics()["train"].sampled_accepted_length
+        assert not layer._forward_hooks
+    assert set(hooks) == {1}  # every projection of both calls, with one hook on the layer
+    alone, beside = sampled.values()
+    assert alone is not None and alone == beside
+
+
 def test_a_plugins_objective_trains_as_the_same_objective_from_the_config(deep, batch):
     from plugin_answers import answers
 
