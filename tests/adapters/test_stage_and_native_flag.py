@@ -8,7 +8,7 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import has_detach_field, native
+from model_fixtures import KINDS, has_detach_field, native
 
 
 def mtp_stage(build):
@@ -102,7 +102,10 @@ def test_the_native_flag_is_used_even_on_a_tied_stage(kind, build, batch):
 
 # Megatron-LM main's keyword is HybridModel's; the emulation on a released GPTModel cannot
 # turn MTP off from inside forward (its loss code still runs), so these take the hybrid only.
-@pytest.mark.parametrize("kind", ["hybrid"])
+HYBRID = [k for k in KINDS if k != "gpt"]
+
+
+@pytest.mark.parametrize("kind", HYBRID)
 def test_a_callers_own_compute_mtp_loss_false_wins_over_a_run_and_counts_as_untouched(
     build, kind, batch, count_mtp
 ):
@@ -115,7 +118,7 @@ def test_a_callers_own_compute_mtp_loss_false_wins_over_a_run_and_counts_as_unto
     assert handle.stats() == {"train": {"untouched": 1}}
 
 
-@pytest.mark.parametrize("kind", ["hybrid"])
+@pytest.mark.parametrize("kind", HYBRID)
 @pytest.mark.parametrize(
     ("policy", "phase", "named"),
     [
@@ -143,7 +146,7 @@ def test_a_callers_own_compute_mtp_loss_false_against_more_than_a_run_is_refused
 
 
 @pytest.mark.skipif(not has_detach_field(), reason="+objective needs megatron-core 0.19's +detach")
-@pytest.mark.parametrize("kind", ["hybrid"])
+@pytest.mark.parametrize("kind", HYBRID)
 def test_a_callers_own_compute_mtp_loss_false_against_an_objective_is_refused_not_left_untrained(
     build, kind, batch
 ):
