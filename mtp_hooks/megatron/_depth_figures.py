@@ -166,11 +166,8 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
         chunks = torch.chunk(hidden, 1 + depths, dim=0)
         labels, mask = labels_and_mask(request, roll)
         weight = model.shared_embedding_or_output_weight() if _tied(model) else None
-        scale: Callable[[torch.Tensor], torch.Tensor] | None = (
-            model._scale_logits if getattr(model.config, "use_mup", False) else None
-        )
         single = single_position_logits(
-            model, chunks[0], request.input_ids, request.position_ids, roll, weight, scale
+            model, chunks[0], request.input_ids, request.position_ids, roll, weight
         )
         drafts = Drafts([], [], [], single)
         group = _vocab_parallel.group_of(model, request.runtime_gather_output)
@@ -189,8 +186,7 @@ def depth_values(model: Any, request: Request, hidden: torch.Tensor) -> tuple[to
                 weight=weight,
                 runtime_gather_output=request.runtime_gather_output,
             )
-            if scale is not None:
-                logits = scale(logits)
+            logits = _vocab_parallel.mup_scaled(model, logits)
             labels, _ = roll(labels)
             mask, mask_sum = roll(mask)
             draft = _vocab_parallel.top1(model, logits, request.runtime_gather_output)
@@ -249,23 +245,27 @@ def sampled_values(
     The accepted length follows the engine's walk over those chances (:func:`expected_walk`)."""
     depths = len(drafts.logits)
     with torch.no_grad():
-        if getattr(model.config, "use_mup", False):
-            policy = model._scale_logits(policy)
         group = _vocab_parallel.group_of(model, request.runtime_gather_output)
-        log_probs = _vocab_parallel.log_softmax(policy.float(), group)
+        log_probs = _vocab_parallel.log_softmax(
+            _vocab_parallel.mup_scaled(model, policy).float(), group
+        )
         values = torch.zeros(ROWS, depths, device=policy.device)
         chain = single_chain = None
         chains = []  # per depth, [s, b]: the chance a chain from here accepts depths 1..d
         single_chains = []  # the same, over the drafts computed position by position
         ahead = policy_ahead(log_probs, depths, roller(model, request))
+
+        def chance(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            # sum_x q(x) p(x): a draft sampled from logits equals the policy's sampled token
+            draft = _vocab_parallel.log_softmax(logits.float(), group)
+            return _vocab_parallel.sum_over((draft + target).exp().sum(dim=-1), group)
+
         for depth, target in enumerate(ahead):
-            draft = _vocab_parallel.log_softmax(drafts.logits[depth].float(), group)
-            accept = _vocab_parallel.sum_over((draft + target).exp().sum(dim=-1), group)
+            accept = chance(drafts.logits[depth], target)
             chain = accept if chain is None else chain * accept
             valid, present = drafts.valid[depth], drafts.present[depth]
             if drafts.single is not None:
-                single = _vocab_parallel.log_softmax(drafts.single[depth].float(), group)
-                agree = _vocab_parallel.sum_over((single + target).exp().sum(dim=-1), group)
+                agree = chance(drafts.single[depth], target)
                 single_chain = agree if single_chain is None else single_chain * agree
                 single_chains.append(single_chain * present)
             values[_SAMPLED, depth] = (accept * valid).sum()

@@ -86,14 +86,14 @@ class Objectives:
         call = self._call()
         if call is not None:
             group = _vocab_parallel.group_of(model, call.request.runtime_gather_output)
-            scaled = _scaled(model, logits).float() / call.temperature
+            scaled = _vocab_parallel.mup_scaled(model, logits).float() / call.temperature
             call.drafts.append(_vocab_parallel.log_softmax(scaled, group))
 
     def policy(self, model: Any, logits: torch.Tensor) -> None:
         """The policy's projection: the objective of every depth taken so far."""
         call = self._call()
         if call is not None and call.loss is None:
-            call.loss = objective_loss(model, call, _scaled(model, logits))
+            call.loss = objective_loss(model, call, _vocab_parallel.mup_scaled(model, logits))
             call.drafts.clear()
 
     def _call(self) -> Call | None:
@@ -106,14 +106,6 @@ class Objectives:
         new.lock, new.calls = threading.Lock(), {}
         new.projections = copy.deepcopy(self.projections, memo)
         return new
-
-
-def _scaled(model: Any, logits: torch.Tensor) -> torch.Tensor:
-    """``logits`` scaled as megatron scales what it trains on (MuP), else as they are."""
-    if getattr(model.config, "use_mup", False):
-        scaled: torch.Tensor = model._scale_logits(logits)
-        return scaled
-    return logits
 
 
 def attach(output: Any, loss: torch.Tensor) -> Any:

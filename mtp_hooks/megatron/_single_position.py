@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from . import _vocab_parallel
+
 __all__ = ["single_position_logits", "supported"]
 
 
@@ -52,7 +54,6 @@ def single_position_logits(
     position_ids: torch.Tensor | None,
     roll: Callable[[torch.Tensor], Any],
     weight: torch.Tensor | None = None,
-    scale: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> list[torch.Tensor] | None:
     """Per depth, ``[s, b, v]`` logits (the whole vocabulary on every rank) of the drafts the
     engine computes at each position, or ``None`` where it cannot be done (see
@@ -62,8 +63,8 @@ def single_position_logits(
     training rolls them, so context and tensor parallelism and packed sequences line up with
     the depth's labels) and the hidden state depth ``d - 1`` produced there (the decoder's for
     the first depth), as the engine does along a chain of accepted drafts. ``weight`` (a tied
-    output weight) and ``scale`` (MuP's logit scaling) are the caller's, as for the depths'
-    own projections.
+    output weight) is the caller's, as for the depths' own projections, and the logits are
+    scaled as those are (MuP).
 
     This is the body of megatron's ``compute_mtp_single_step`` with two differences: the
     projection goes through ``output_layer.forward``, not the module call, so that hooks that
@@ -92,7 +93,6 @@ def single_position_logits(
             logits, _ = model.output_layer.forward(
                 current, weight=weight, runtime_gather_output=True
             )
-            if scale is not None:
-                logits = scale(logits)
+            logits = _vocab_parallel.mup_scaled(model, logits)
             out.append(logits.reshape(s, b, -1))
     return out

@@ -1,5 +1,5 @@
 """Top-1 tokens, softmaxes and sums over a vocabulary that tensor parallelism may split across
-ranks.
+ranks, of logits scaled as megatron scales what it trains on (:func:`mup_scaled`).
 
 With ``runtime_gather_output`` off (megatron's training default), each tensor-parallel rank
 holds its shard of the logits' last dimension. These helpers reduce over the group where that
@@ -23,6 +23,14 @@ def group_of(model: Any, gather: bool | None) -> Any:
     return group
 
 
+def mup_scaled(model: Any, logits: torch.Tensor) -> torch.Tensor:
+    """``logits`` scaled as megatron scales what it trains on (MuP), else as they are."""
+    if getattr(model.config, "use_mup", False):
+        scaled: torch.Tensor = model._scale_logits(logits)
+        return scaled
+    return logits
+
+
 def own_shard(logits: torch.Tensor, group: Any) -> torch.Tensor:
     """This rank's shard of whole-vocabulary ``logits`` (megatron's even split of the padded
     vocabulary along the last dimension), or ``logits`` where ``group`` is ``None``."""
@@ -39,15 +47,10 @@ def top1(model: Any, logits: torch.Tensor, gather: bool | None) -> torch.Tensor:
     maximum wins, which is the tie rule of ``argmax`` over the whole vocabulary (and of
     Megatron's own acceptance count).
     """
-    sharded = (
-        (not gather)
-        if gather is not None
-        else not getattr(model.output_layer, "gather_output", False)
-    )
-    group = getattr(model, "tp_group", None)
-    size = torch.distributed.get_world_size(group) if sharded and group is not None else 1
-    if size == 1:
+    group = group_of(model, gather)
+    if group is None:
         return logits.argmax(dim=-1)
+    size = torch.distributed.get_world_size(group)
     values, index = logits.max(dim=-1)
     all_values = [torch.empty_like(values) for _ in range(size)]
     all_index = [torch.empty_like(index) for _ in range(size)]
