@@ -64,6 +64,11 @@ FRAMEWORKS = [
     "requests",
     "huggingface_hub",
 ]
+# megatron's Mamba-2 layer calls mamba-ssm's Triton kernels, which the CPU tests run through
+# Triton's interpreter (tests/mamba_on_cpu.py); mamba-ssm is an sdist whose build compiles CUDA
+# unless told not to, and imports torch, so it builds in the environment, CUDA skipped.
+MAMBA = ["mamba-ssm==2.3.2.post1", "einops==0.8.2"]
+MAMBA_BUILD = ["setuptools", "wheel", "packaging", "ninja"]
 CORE_FLOOR = ["pluggy==1.3.0", "pytest==8.0.2"]  # pyproject's pluggy floor; pytest 8.0 runs on it
 # The property tests (tests/core/test_*_properties.py) set a fixed seed and their example counts
 # themselves, so every run checks the same examples.
@@ -87,6 +92,14 @@ def _install_project(session: nox.Session, python: str, megatron: str) -> None:
         session.env["UV_FIND_LINKS"] = "/opt/wheels"
     session.install(TORCH[python], megatron, "numpy")
     session.install("-e", ".[test,bench]", "omegaconf", HYPOTHESIS, *PLUGINS)
+    if python != "3.11":  # megatron-core 0.16 (Python 3.11) builds no Mamba-2 hybrid
+        session.install(*MAMBA_BUILD)
+        session.install(
+            "--no-build-isolation",
+            "--no-deps",
+            *MAMBA,
+            env={"MAMBA_SKIP_CUDA_BUILD": "TRUE", "MAMBA_FORCE_BUILD": "TRUE"},
+        )
 
 
 @nox.session(python="3.12")

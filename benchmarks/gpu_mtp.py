@@ -40,7 +40,7 @@ from gpu_mtp_report import CASES, PAIRS, TIMINGS, plot, stem, table  # noqa: E40
 def build(kind: str, mtp: bool, args):
     import torch
 
-    from mtp_hooks.demo import tiny_models
+    from mtp_hooks.demo import nemotron_models, tiny_models
 
     spec = tiny_models.TinySpec(
         hidden_size=args.hidden,
@@ -64,6 +64,12 @@ def build(kind: str, mtp: bool, args):
     torch.manual_seed(0)
     if kind == "gpt":
         model = tiny_models.build_gpt(spec, **impl)
+    elif kind == "nemotron":
+        pattern = args.pattern if mtp else args.pattern.split("/")[0]
+        impl.pop("attention", None)
+        model = nemotron_models.build_nemotron(
+            spec, pattern=pattern, num_experts=args.experts, **impl, moe_ffn_hidden_size=args.ffn
+        )
     else:
         pattern = "*-" * args.layers + ("/*-" if mtp else "")
         model = tiny_models.build_hybrid(spec, pattern=pattern, **impl)
@@ -90,7 +96,13 @@ def timed(fn) -> tuple[float, float]:
 
 def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     """The model, its layer spec and sizes, and the device: shared with ``gpu_hooks_ab.py``."""
-    parser.add_argument("--model", choices=["gpt", "hybrid"], default="gpt")
+    parser.add_argument("--model", choices=["gpt", "hybrid", "nemotron"], default="gpt")
+    parser.add_argument(
+        "--pattern",
+        default="M*MEME/*E/*E",
+        help="nemotron: the hybrid layer pattern, MTP depths after each '/'",
+    )
+    parser.add_argument("--experts", type=int, default=8, help="nemotron: MoE experts")
     parser.add_argument("--spec", choices=["local", "te"], default="local")
     parser.add_argument("--fp8", choices=["delayed", "tensorwise"], default=None)
     parser.add_argument("--hidden", type=int, default=4096)
@@ -110,7 +122,8 @@ def build_models(args, *with_mtp: bool) -> list:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         tiny_models.init_single_process()
-        tiny_models.reset_mtp_loss_tracker(device=args.device)
+        depths = args.pattern.count("/") if args.model == "nemotron" else 1
+        tiny_models.reset_mtp_loss_tracker(num_layers=depths, device=args.device)
         models = [build(args.model, mtp, args) for mtp in with_mtp]
     os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     return models
@@ -241,6 +254,7 @@ def run(args) -> dict:
         "iters": args.iters,
         "warmup": args.warmup,
         "sizes": {k: getattr(args, k) for k in ("hidden", "layers", "ffn", "vocab", "seq")},
+        **({"pattern": args.pattern, "experts": args.experts} if args.model == "nemotron" else {}),
         **params,
         "cases": summary,
         "paired_ratios": paired,

@@ -105,8 +105,10 @@ def _precision(result: dict) -> str:
 
 
 def stem(result: dict) -> str:
-    """The results file name: gpu_mtp_<model>[_te][_<fp8 recipe>]."""
+    """The results file name: gpu_mtp_<model>[_h<hidden>][_te][_<fp8 recipe>]."""
     parts = [f"gpu_mtp_{result['model']}"]
+    if result["model"] == "nemotron":  # measured at several sizes
+        parts.append(f"h{result['sizes']['hidden']}")
     if result.get("spec") == "te":
         parts.append("te")
     if result.get("fp8"):

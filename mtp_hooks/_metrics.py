@@ -49,12 +49,12 @@ class MTPMetrics:
             the MTP layer's own cache (vLLM, SGLang) draft as trained, which
             ``accepted_length`` follows. ``None`` where it was not computed: megatron-core
             without ``compute_mtp_single_step`` (0.16), sequence or context parallelism, FP8 or
-            FP4, MoE and CUDA graphs (where the extra forward of the MTP layers it takes
-            would move their state or meet another layout), no ``input_ids``, or figures
-            from an engine's counters. Where it is computed, it costs one more forward of
-            each MTP layer over the recorded positions and one more output projection per
-            depth, under ``no_grad``, and those logits wait for the policy's projection beside
-            the depths' own.
+            FP4 and CUDA graphs (where the extra forward of the MTP layers it takes would move
+            their state or meet another layout), no ``input_ids``, or figures from an engine's
+            counters. MoE depths are drafted too, with their routers' buffers restored. Where
+            it is computed, it costs one more forward of each MTP layer over the recorded
+            positions and one more output projection per depth, under ``no_grad``, and those
+            logits wait for the policy's projection beside the depths' own.
         single_position_sampled_accepted_length: ``sampled_accepted_length`` over those
             drafts, or ``None`` where either is missing.
 

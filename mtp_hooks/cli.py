@@ -91,7 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_cmd_check_config)
     p = sub.add_parser("demo", help="run MTP policies on tiny real megatron-core models (CPU)")
     p.add_argument("--policy", default="train=run,eval=run+metrics,rollout=skip")
-    p.add_argument("--models", default="gpt,hybrid", help="comma-separated: gpt,hybrid")
+    p.add_argument(
+        "--models",
+        default="gpt,hybrid",
+        help="comma-separated: gpt,hybrid,nemotron (a Nemotron-3 hybrid, on a GPU only)",
+    )
     p.set_defaults(func=_cmd_demo)
     return parser
 

@@ -11,7 +11,10 @@ import importlib.util
 
 import pytest
 
+from mamba_on_cpu import expose_mamba_triton_kernels
 from plugin_answers import Answers, answers
+
+expose_mamba_triton_kernels()  # before megatron is imported: it decides HAVE_MAMBA_SSM then
 
 
 def installed(module: str) -> bool:

@@ -26,6 +26,7 @@ import mtp_hooks  # noqa: E402
 from mtp_hooks.demo import tiny_models  # noqa: E402
 
 from cpu_stand_ins import install_cpu_memory_buffer  # noqa: E402
+from mamba_on_cpu import kernel_launches_on_cpu, mamba_runs_here  # noqa: E402
 
 __all__ = [
     "megatron_cpu",
@@ -88,6 +89,19 @@ def megatron_cpu():
     tiny_models.init_single_process(port=tiny_models.free_port())
     install_cpu_memory_buffer()
     yield
+
+
+@pytest.fixture
+def mamba_cpu(megatron_cpu, monkeypatch):
+    """Megatron's Mamba-2 layers and MoE routers on this machine: on a CPU, mamba-ssm's Triton
+    kernels through Triton's interpreter (tests/mamba_on_cpu.py says what stands in)."""
+    if not mamba_runs_here():
+        pytest.skip("megatron's Mamba-2 layer needs megatron-core 0.18+ and mamba-ssm")
+    if torch.cuda.is_available():
+        yield
+        return
+    with kernel_launches_on_cpu(monkeypatch):
+        yield
 
 
 @pytest.fixture

@@ -38,7 +38,7 @@ class EngineRollouts:
     def __init__(self, model, k: int, args) -> None:
         import types
 
-        from megatron.core.inference.config import InferenceConfig
+        from megatron.core.inference.config import InferenceConfig, MambaInferenceStateConfig
         from megatron.core.inference.contexts.dynamic_context import DynamicInferenceContext
         from megatron.core.inference.engines import DynamicInferenceEngine
         from megatron.core.inference.model_inference_wrappers.gpt.gpt_inference_wrapper import (
@@ -56,6 +56,8 @@ class EngineRollouts:
                 buffer_size_gb=2,
                 num_speculative_tokens=k,
                 unified_memory_level=0,
+                # a hybrid's Mamba layers keep a conv and an SSM state per request (None: none)
+                mamba_inference_state_config=MambaInferenceStateConfig.from_model(model),
             ),
         )
         controller = TextGenerationController(

@@ -4,8 +4,9 @@ This subpackage also holds the scaffolding the demo, the tests and the benchmark
 out of the core: :mod:`mtp_hooks.demo.tiny_models` builds tiny real ``GPTModel`` and
 ``HybridModel`` instances on one gloo rank.
 
-Builds a ``GPTModel`` and a ``HybridModel`` with one MTP layer each, attaches mtp-hooks, and runs
-a train step, an eval forward and a rollout (log-prob) forward under a policy. Every "ran" and
+Builds a ``GPTModel`` and a ``HybridModel`` with one MTP layer each, and a Nemotron-3-shaped
+``HybridModel`` (MoE layers, two attention + MoE MTP depths), attaches mtp-hooks, and runs a train
+step, an eval forward and a rollout (log-prob) forward under a policy. Every "ran" and
 "logged" cell is observed (a forward hook on ``model.mtp``, megatron's MTP loss tracker), not
 inferred from the decision; the metrics cell shows what ``+metrics`` recorded
 (``AttachHandle.metrics()``).
@@ -71,15 +72,16 @@ def _progress(message: str) -> None:
     print(f"[mtp-hooks demo] {message}", file=sys.stderr, flush=True)
 
 
-def _measure(model: Any, handle: Any, phase: str, step: Callable[[], None]) -> Row:
+def _measure(model: Any, label: str, handle: Any, phase: str, step: Callable[[], None]) -> Row:
     from . import tiny_models
 
+    depths = model.config.mtp_num_layers or 1
     mtp_forwards = tiny_models.MTPForwards(model)
     decision = _decision.decide(model, phase)
     times, ran, recorded = [], [], []
     try:
         for _ in range(REPEATS):
-            tiny_models.reset_mtp_loss_tracker()
+            tiny_models.reset_mtp_loss_tracker(num_layers=depths)
             before = mtp_forwards.n
             start = time.perf_counter()
             step()
@@ -89,7 +91,7 @@ def _measure(model: Any, handle: Any, phase: str, step: Callable[[], None]) -> R
     except Exception as exc:  # megatron itself failed (e.g. 0.16 MTP needs labels): show it
         failed = f"megatron raised {type(exc).__name__}"
         return Row(
-            type(model).__name__,
+            label,
             phase,
             "run" if decision.run else "skip",
             decision.decided_by,
@@ -102,7 +104,7 @@ def _measure(model: Any, handle: Any, phase: str, step: Callable[[], None]) -> R
         mtp_forwards.remove()
     recorded_metrics = handle.metrics(reset=True).get(phase)
     return Row(
-        model=type(model).__name__,
+        model=label,
         phase=phase,
         decision="run" if decision.run else "skip",
         decided_by=decision.decided_by,
@@ -115,7 +117,7 @@ def _measure(model: Any, handle: Any, phase: str, step: Callable[[], None]) -> R
     )
 
 
-def _rows_for(model: Any, handle: Any, batch: tuple[Any, Any, Any]) -> list[Row]:
+def _rows_for(model: Any, label: str, handle: Any, batch: tuple[Any, Any, Any]) -> list[Row]:
     import torch
 
     ids, pos, labels = batch
@@ -142,7 +144,7 @@ def _rows_for(model: Any, handle: Any, batch: tuple[Any, Any, Any]) -> list[Row]
         ("eval", eval_forward),
         ("rollout", rollout_forward),
     ):
-        rows.append(_measure(model, handle, phase, step))
+        rows.append(_measure(model, label, handle, phase, step))
     return rows
 
 
@@ -179,15 +181,53 @@ def _table(rows: list[Row]) -> str:
 DEFAULT_POLICY = "train=run,eval=run+metrics,rollout=skip"
 
 
+MODELS = {  # --models name: (the table's label, what the progress line says is built)
+    "gpt": ("GPTModel", "a tiny GPTModel with one MTP layer"),
+    "hybrid": ("HybridModel", "a tiny attention + MLP HybridModel with one MTP layer"),
+    "nemotron": (
+        "Nemotron-3 hybrid",
+        "a tiny Nemotron-3-shaped HybridModel: Mamba-2, attention and MoE layers, two "
+        "attention + MoE MTP depths, on the GPU",
+    ),
+}
+NEEDS_GPU = (
+    "a Nemotron-3 hybrid needs a GPU: megatron's MoE router moves its weights to CUDA in every "
+    "forward and its Mamba-2 layer runs Triton kernels. Run `mtp-hooks demo --models nemotron` "
+    "on a machine with CUDA and mamba-ssm (docs/integrations.md, Nemotron 3)"
+)
+
+
+def _build(name: str, spec: Any) -> Any:
+    """The demo's model ``name``; raises ImportError, naming what is missing, where it cannot
+    be built here."""
+    import torch
+
+    from . import nemotron_models, tiny_models
+
+    if name == "gpt":
+        return tiny_models.build_gpt(spec, attention="sdpa")
+    if name == "hybrid":
+        return tiny_models.build_hybrid(spec, attention="sdpa")
+    if not torch.cuda.is_available():
+        raise ImportError(NEEDS_GPU)
+    pattern = nemotron_models.NEMOTRON_PATTERN
+    if not nemotron_models.can_build_mamba():
+        _progress("mamba-ssm is not importable: the Nemotron-3 hybrid is built without Mamba-2")
+        pattern = pattern.replace("M", "*")
+    return nemotron_models.build_nemotron(spec, pattern=pattern).cuda()
+
+
 def run_demo(policy: str = DEFAULT_POLICY, models: str = "gpt,hybrid") -> int:
     """Run the demo and print its table. Returns the process exit status."""
     _sources.configure(policy)  # validated before anything is built
     wanted = [m.strip() for m in models.split(",") if m.strip()]
-    unknown = set(wanted) - {"gpt", "hybrid"}
+    unknown = set(wanted) - set(MODELS)
     if unknown:
         from .._errors import PolicyError
 
-        raise PolicyError(f"--models: unknown model {sorted(unknown)}; choose from gpt, hybrid")
+        raise PolicyError(
+            f"--models: unknown model {sorted(unknown)}; choose from {', '.join(MODELS)}"
+        )
     _progress("importing torch and megatron-core ...")
     with _quiet():
         import megatron.core.models.gpt  # noqa: F401  (import-time warnings stay quiet)
@@ -206,18 +246,20 @@ def run_demo(policy: str = DEFAULT_POLICY, models: str = "gpt,hybrid") -> int:
     with _quiet():
         tiny_models.init_single_process(port=tiny_models.free_port())
     for name in wanted:
-        builder = tiny_models.build_gpt if name == "gpt" else tiny_models.build_hybrid
-        _progress(f"building a tiny {name} model with one MTP layer (megatron-core {version}) ...")
+        label, what = MODELS[name]
+        _progress(f"building {what} (megatron-core {version}) ...")
         try:
             with _quiet():
-                model = builder(spec, attention="sdpa")
+                model = _build(name, spec)
         except ImportError as exc:
             _progress(f"skipping {name}: {exc}")
             continue
         handle = adapters.attach(model)
-        _progress(f"running train / eval / rollout on {type(model).__name__} ...")
+        _progress(f"running train / eval / rollout on the {label} ...")
+        device = next(model.parameters()).device
+        ids, pos, labels = (t.to(device) for t in batch)
         with _quiet():
-            rows += _rows_for(model, handle, batch)
+            rows += _rows_for(model, label, handle, (ids, pos, labels))
         handle.remove()
     print(f"\nmtp-hooks demo: policy {policy!r}, megatron-core {version}, {PROJECT_NAME} on CPU\n")
     print(_table(rows))

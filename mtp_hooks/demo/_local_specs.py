@@ -1,8 +1,10 @@
 """Megatron layer specs built from local (non-Transformer-Engine) modules, for CPU runs.
 
-``hybrid_stack_spec`` is a ``HybridStack`` spec of attention (``*``), MLP (``-``) and MTP
-layers that runs without TE, Apex or mamba-ssm. ``sdpa_core_attention`` is a core-attention
-module with megatron's ``DotProductAttention`` interface that needs no CUDA scratch buffer.
+``hybrid_stack_spec`` is a ``HybridStack`` spec of attention (``*``), MLP (``-``), MoE (``E``),
+Mamba-2 (``M``) and MTP layers from megatron's local modules, without TE or Apex. Only a
+pattern with ``M`` needs mamba-ssm (megatron's Mamba-2 mixer runs its Triton SSD kernels).
+``sdpa_core_attention`` is a core-attention module with megatron's ``DotProductAttention``
+interface that needs no CUDA scratch buffer.
 """
 
 from __future__ import annotations
@@ -117,10 +119,15 @@ def _gather_context(
     return keys, values, mask
 
 
-def hybrid_stack_spec(attention: str = "local") -> Any:
-    """A ``HybridStack`` spec of local modules: attention (``*``), MLP (``-``) and an MTP block."""
+def hybrid_stack_spec(attention: str = "local", num_experts: int = 4) -> Any:
+    """A ``HybridStack`` spec of local modules: attention (``*``), MLP (``-``), MoE (``E``,
+    ``num_experts`` experts without grouped GEMM), Mamba-2 (``M``) and an MTP block whose depths
+    take their layers from the same spec (``/*E`` is an attention + MoE depth)."""
     from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+    from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
     from megatron.core.models.hybrid.hybrid_block import HybridStack, HybridStackSubmodules
+    from megatron.core.ssm.mamba_layer import MambaLayer, MambaLayerSubmodules
+    from megatron.core.ssm.mamba_mixer import MambaMixer, MambaMixerSubmodules
     from megatron.core.ssm.mlp_layer import MLPLayer
     from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
     from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
@@ -136,6 +143,7 @@ def hybrid_stack_spec(attention: str = "local") -> Any:
     from megatron.core.transformer.spec_utils import ModuleSpec
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
     from megatron.core.transformer.transformer_layer import (
+        MoETransformerLayer,
         TransformerLayer,
         TransformerLayerSubmodules,
     )
@@ -170,6 +178,27 @@ def hybrid_stack_spec(attention: str = "local") -> Any:
             mlp_bda=get_bias_dropout_add,
         ),
     )
+    moe_layer = ModuleSpec(
+        module=MoETransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            pre_mlp_layernorm=WrappedTorchNorm,
+            mlp=get_moe_module_spec(use_te=False, num_experts=num_experts, moe_grouped_gemm=False),
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )
+    mamba_layer = ModuleSpec(
+        module=MambaLayer,
+        submodules=MambaLayerSubmodules(
+            norm=WrappedTorchNorm,
+            mixer=ModuleSpec(
+                module=MambaMixer,
+                submodules=MambaMixerSubmodules(
+                    in_proj=ColumnParallelLinear, out_proj=RowParallelLinear
+                ),
+            ),
+            mamba_bda=get_bias_dropout_add,
+        ),
+    )
     mtp_block = ModuleSpec(
         module=MultiTokenPredictionBlock,
         submodules=MultiTokenPredictionBlockSubmodules(
@@ -191,6 +220,10 @@ def hybrid_stack_spec(attention: str = "local") -> Any:
         module=HybridStack,
         params={"post_layer_norm": False},
         submodules=HybridStackSubmodules(
-            attention_layer=attention_layer, mlp_layer=mlp_layer, mtp_block_spec=mtp_block
+            mamba_layer=mamba_layer,
+            attention_layer=attention_layer,
+            mlp_layer=mlp_layer,
+            moe_layer=moe_layer,
+            mtp_block_spec=mtp_block,
         ),
     )

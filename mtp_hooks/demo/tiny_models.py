@@ -1,4 +1,5 @@
 """Build small real megatron-core ``GPTModel`` and ``HybridModel`` instances with an MTP block.
+The Nemotron 3 shape (Mamba-2, attention, MoE) is in :mod:`mtp_hooks.demo.nemotron_models`.
 
 Used by ``mtp-hooks demo``, the benchmarks and the tests. Everything uses megatron-core's local
 (non-Transformer-Engine) modules, so the models run on a CPU. ``attention="sdpa"`` swaps the core

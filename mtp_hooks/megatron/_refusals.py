@@ -29,13 +29,16 @@ class ExecutionMode(Protocol):
     ep_overlap: bool
     detach_refusal: str | None
     standalone: bool
+    tied_hazard: bool
 
 
 def check_policy(gate: ExecutionMode, model: Any, role: str | None) -> None:
     """Refuse a policy this model's execution mode cannot follow: CUDA graphs, the combined
     1F1B schedule, ``+detach`` where it cannot work, ``+metrics`` in a standalone-MTP layout,
-    masks where megatron would divide by zero. Called at attach and whenever the policy
-    changes, so the news comes before the first training step."""
+    masks where megatron would divide by zero, a skip on a tied MTP stage. Called at attach and
+    whenever the policy changes, so the news comes before the first training step."""
+    if gate.tied_hazard:
+        check_tied_stage_policy(model, role)
     if gate.local_graphs:
         _cuda_graphs.check_policy(model, role)
     if gate.full_graphs:
@@ -52,10 +55,25 @@ def check_policy(gate: ExecutionMode, model: Any, role: str | None) -> None:
         check_mask_policy(role)
 
 
-def refuse_tied_stage_skip() -> None:
+def check_tied_stage_policy(model: Any, role: str | None) -> None:
+    """Refuse now a policy that skips MTP in any phase on an MTP pipeline stage with tied
+    embeddings and no native flag, where the skip itself would be refused: at the first
+    evaluation of a ``train=run,eval=skip`` job, not after its hours of training."""
+    from .. import _decision, _phase_catalogue
+
+    skipped = [
+        name
+        for name in _phase_catalogue.known_phases()
+        if not _decision.decide_normalized(model, _phase_catalogue.normalize(name), role)[0].run
+    ]
+    if skipped:
+        refuse_tied_stage_skip(", ".join(f"{name}=skip" for name in skipped))
+
+
+def refuse_tied_stage_skip(what: str = "a skip") -> None:
     """A skip on an MTP pipeline stage with tied embeddings and no native flag."""
     raise UnsupportedModelError(
-        "mtp_hooks: cannot skip MTP on this pipeline stage: it has MTP, no pre_process "
+        f"mtp_hooks: cannot skip MTP ({what}) on this pipeline stage: it has MTP, no pre_process "
         "and share_embeddings_and_output_weights=True, and this megatron-core has no "
         "native compute_mtp_loss flag. Turning mtp_process off would switch the output "
         "layer to an unsynced weight and silently change the loss. Use a policy that "

@@ -13,11 +13,17 @@ own batch row (``[1, positions, hidden]``): what the engine computes for one req
 time. The engine batches its requests as one sequence (``[requests, 1, hidden]``) under the
 layer's causal mask, so there a request's draft also attends over the requests batched before
 it; no teacher-forced figure can know that batch.
+
+An MoE depth (DeepSeek-V3, Nemotron 3) routes the extra forward's tokens too. Under ``no_grad``
+megatron's routers count nothing for their expert bias and add no auxiliary loss, and every
+buffer of the MTP block is put back as it was afterwards, so the extra forward leaves the
+routers as the recorded forward left them, whatever the release counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -30,7 +36,8 @@ __all__ = ["single_position_logits", "supported"]
 def supported(model: Any) -> bool:
     """Whether this model can draft position by position as the engine does, in an extra
     forward of its MTP layers that changes nothing: they have megatron-core's
-    ``forward_single_position`` (0.17 on), and none of the settings below is on."""
+    ``forward_single_position`` (0.17 on), and none of the settings below is on. MoE depths
+    can: their routers' buffers are restored after the extra forward."""
     layers: Any = getattr(getattr(model, "mtp", None), "layers", None)
     if not layers or not callable(getattr(layers[0], "forward_single_position", None)):
         return False
@@ -41,7 +48,6 @@ def supported(model: Any) -> bool:
         or (getattr(config, "context_parallel_size", 1) or 1) > 1  # trades keys across ranks
         or getattr(config, "fp8", None)  # the extra forward would move the scaling state
         or getattr(config, "fp4", None)
-        or getattr(config, "num_moe_experts", None)  # routers count the tokens they route
         or getattr(config, "enable_cuda_graph", False)  # a captured layer meets a new shape
         or graphs
     )
@@ -80,7 +86,7 @@ def single_position_logits(
     current = decoder_hidden.reshape(1, s * b, h)  # sequence length 1: one position a row
     tokens, positions = input_ids, position_ids
     out = []
-    with torch.no_grad():
+    with torch.no_grad(), _buffers_restored(model.mtp):
         for depth in range(model.config.mtp_num_layers):
             tokens, _ = roll(tokens)
             positions, _ = roll(positions)
@@ -96,3 +102,16 @@ def single_position_logits(
             logits = _vocab_parallel.mup_scaled(model, logits)
             out.append(logits.reshape(s, b, -1))
     return out
+
+
+@contextlib.contextmanager
+def _buffers_restored(module: torch.nn.Module) -> Iterator[None]:
+    """Every buffer of ``module`` (MoE routers' token counts and expert bias) as it was before,
+    also when the block raises."""
+    saved = [(buffer, buffer.detach().clone()) for buffer in module.buffers()]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for buffer, value in saved:
+                buffer.copy_(value)

@@ -32,7 +32,7 @@ def rows(stdout: str) -> dict[tuple[str, str], list[str]]:
 def test_the_default_policy_skips_rollout_measures_eval_and_says_so_from_observation():
     out = demo("--models", "gpt")
     assert out.returncode == 0, out.stderr
-    assert "building a tiny gpt model" in out.stderr  # the progress line
+    assert "building a tiny GPTModel" in out.stderr  # the progress line
     table = rows(out.stdout)
     assert table[("GPTModel", "train")] == ["run", "config", "yes", "yes", "-"]
     assert table[("GPTModel", "rollout")] == ["skip", "config", "no", "no", "-"]
@@ -98,3 +98,15 @@ def test_a_process_group_made_by_init_single_process_is_destroyed_before_the_int
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert "initialized at exit: False" in out.stdout
+
+
+def test_the_nemotron_demo_without_a_gpu_says_what_it_needs_and_runs_the_rest():
+    import torch
+
+    if torch.cuda.is_available():
+        return  # on a GPU it builds the model; this checks the message a CPU gets instead
+    out = demo("--models", "gpt,nemotron")
+    assert out.returncode == 0, out.stderr
+    assert "skipping nemotron: a Nemotron-3 hybrid needs a GPU" in out.stderr
+    assert "mamba-ssm" in out.stderr
+    assert ("GPTModel", "train") in rows(out.stdout)

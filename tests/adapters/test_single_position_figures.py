@@ -102,7 +102,6 @@ def test_a_megatron_core_that_drafts_otherwise_reports_no_single_position_figure
         {"context_parallel_size": 2},
         {"fp8": "hybrid"},
         {"fp4": "nvfp4"},
-        {"num_moe_experts": 4},
         {"cuda_graph_impl": "local"},
         {"enable_cuda_graph": True},
     ],

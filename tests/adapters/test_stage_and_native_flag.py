@@ -158,3 +158,21 @@ def test_a_callers_own_compute_mtp_loss_false_against_an_objective_is_refused_no
         model(*batch.args(), labels=batch.labels, compute_mtp_loss=False)
     assert "received" not in model.__dict__
     assert not model.output_layer._forward_hooks  # no objective call left open
+
+
+def test_a_policy_skipping_any_phase_on_a_tied_stage_is_refused_at_attach_and_first_forward(
+    build, batch, count_mtp
+):
+    model = mtp_stage(build)
+    mtp_hooks.configure("train=run,eval=skip")
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match=r"\(eval=skip\)"):
+        mtp_hooks.attach(model)
+    assert not model._forward_pre_hooks and not model._forward_hooks
+    mtp_hooks.configure("train=run")
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("train=run,rollout=skip")
+    ran = count_mtp(model)
+    stage_input(model, batch)
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match=r"\(rollout=skip\)"):
+        model(*batch.args(), labels=batch.labels)  # a training forward: refused before it runs
+    assert ran.n == 0 and model.mtp_process is True
