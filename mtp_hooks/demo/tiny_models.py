@@ -5,10 +5,8 @@ Used by ``mtp-hooks demo``, the benchmarks and the tests. Everything uses megatr
 (non-Transformer-Engine) modules, so the models run on a CPU. ``attention="sdpa"`` swaps the core
 attention for a ``scaled_dot_product_attention`` module (``_local_specs``) that needs no CUDA
 scratch buffer and takes packed sequences and context parallelism; ``attention="local"`` keeps
-megatron's own ``DotProductAttention``.
-
-megatron-core must already be initialized (``torch.distributed`` plus
-``parallel_state.initialize_model_parallel``); see :func:`init_single_process`.
+megatron's own ``DotProductAttention``. megatron-core must already be initialized
+(torch.distributed plus megatron's parallel state): see :func:`init_single_process`.
 """
 
 from __future__ import annotations
