@@ -62,6 +62,8 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
             own += f" (ignore_index = {entry.ignore_index})"
         if entry.plugin_masks is False:
             own += " (plugin_masks = false)"
+        if entry.temperature is not None:
+            own += f" (temperature = {entry.temperature!r})"
         print(f"{role + '.' if role else ''}{phase} = {_policy_entry.spell(entry)}{own}")
     print(f"{what}: valid ({len(entries)} entries)")
     return 0

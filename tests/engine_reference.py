@@ -114,21 +114,23 @@ def sampled_walk(reach: list[list[float]], region: list[bool]) -> tuple[float, f
     """A sampling engine's walk over one row, expected: ``(drafts accepted, verify steps)``.
 
     ``reach[i][n]`` is the chance a chain from ``i`` accepts at least ``n`` drafts. The engine
-    verifies at a region's start, jumps ``1 + n`` with the chance of accepting exactly ``n``,
-    and never verifies where no draft starts."""
+    verifies first at the row's first position in ``region``, jumps ``1 + n`` with the chance
+    of accepting exactly ``n``, and where a jump lands on a position no draft starts from, it
+    verifies next at the first one after (as the greedy walk of :func:`one_request_at_a_time`
+    goes on)."""
     seq = len(region)
-    visit = [0.0] * seq
+    arrive = [0.0] * (seq + len(reach[0]) + 2 if reach else seq + 1)
+    arrive[0] = 1.0
     accepted = steps = 0.0
     for i in range(seq):
         if not region[i]:
+            arrive[i + 1] += arrive[i]
             continue
-        visit[i] += 1.0 if i == 0 or not region[i - 1] else 0.0
         ahead = [*reach[i], 0.0]
         for n, chance in enumerate(a - c for a, c in zip(ahead, ahead[1:], strict=False)):
-            if i + n + 1 < seq and region[i + n + 1]:
-                visit[i + n + 1] += visit[i] * chance
-        accepted += visit[i] * sum(reach[i][1:])
-        steps += visit[i]
+            arrive[i + n + 1] += arrive[i] * chance
+        accepted += arrive[i] * sum(reach[i][1:])
+        steps += arrive[i]
     return accepted, steps
 
 

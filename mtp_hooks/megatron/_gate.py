@@ -275,10 +275,12 @@ class MTPGate:
                 plan = _phase_plan.plan(self, module, phase)
             else:
                 plan = cached
-        if self.native and plan.run and kwargs.get(_NATIVE_FLAG) is False:
+        if self.native and kwargs.get(_NATIVE_FLAG) is False:
             # The caller turned MTP off for this call itself: its keyword wins, as an inference
-            # call's does, and a plan that asks more of the call than a skip is refused.
-            _refusals.check_callers_own_skip(module, plan)
+            # call's does, whatever the decision, and a plan that asks more of the call than a
+            # skip is refused.
+            if plan.run:
+                _refusals.check_callers_own_skip(module, plan)
             plan.counters[_UNTOUCHED] += 1
             return None
         if plan.masking or (_open_blocks[0] and plan.run and _loss_masks.context_masks()):
@@ -486,10 +488,16 @@ class MTPGate:
         """Remove both hooks once no call of the model is running (called by removal, and by
         the forward hook of each call that ends after it)."""
         with self.lock:
-            if not self.records:
+            idle = not self.records
+            if idle:
                 for handle in self.handles:
                     handle.remove()
                 self.handles = []
+        if idle:  # what interrupted calls left: their metrics requests, their open objectives
+            if self.recorder is not None:
+                self.recorder.drop_all()
+            if self.objectives is not None:
+                self.objectives.drop_all()
         _runtime.current.listeners.discard(self)
 
     # -- full-iteration CUDA graphs ------------------------------------------------------------

@@ -80,6 +80,12 @@ class Objectives:
         self.projections.stop(self)
         return None if call is None else call.loss
 
+    def drop_all(self) -> None:
+        """Close every call (no call of the model runs: what interrupted calls left)."""
+        with self.lock:
+            self.calls.clear()
+        self.projections.forget(self)
+
     def depth(self, model: Any, depth: int, logits: torch.Tensor) -> None:
         """A depth's projection, inside ``process_mtp_loss``: taken now, as log-probabilities,
         because megatron's cross-entropy overwrites these logits in place right after."""

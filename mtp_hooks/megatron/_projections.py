@@ -79,6 +79,19 @@ class Projections:
                 self.handle.remove()
                 self.handle = None
 
+    def forget(self, listener: Listener) -> None:
+        """Stop passing ``listener`` any thread's projections (its model's gate is removed and
+        no call of the model is running: what calls interrupted left behind)."""
+        with self.lock:
+            for thread, listening in list(self.threads.items()):
+                if listener in listening.listeners:
+                    listening.listeners.remove(listener)
+                if not listening.listeners:
+                    del self.threads[thread]
+            if not self.threads and self.handle is not None:
+                self.handle.remove()
+                self.handle = None
+
     def _on_output(self, layer: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         with self.lock:
             listening = self.threads.get(threading.get_ident())

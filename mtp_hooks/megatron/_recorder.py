@@ -101,7 +101,9 @@ class Recorder:
         self.projections = projections  # the policy's projection, which the sampled figures read
         self.lock = threading.Lock()
         self.pending: dict[int, Request] = {}
-        self.done: dict[int, tuple[Any, torch.Tensor]] = {}  # thread -> (phase, forward values)
+        # thread -> (phase, forward values, the same in float64): what a running forward
+        # recorded, added to the totals only when the forward completes
+        self.done: dict[int, tuple[Any, torch.Tensor, torch.Tensor]] = {}
         self.totals: dict[Any, tuple[torch.Tensor, int]] = {}  # phase -> (float64 sums, forwards)
         self.handle: torch.utils.hooks.RemovableHandle | None = None
         # thread -> (request, drafts) between the MTP block's output and the policy's projection
@@ -121,10 +123,13 @@ class Recorder:
         self.projections.listen(model, self)
 
     def cancel(self) -> None:
-        """Drop this thread's request (left by a call interrupted before it ended)."""
+        """Drop this thread's request and what its forward recorded so far (left by a call
+        interrupted before it ended: an interrupted forward counts for nothing)."""
         with self.lock:
-            self.pending.pop(threading.get_ident(), None)
-            self.waiting.pop(threading.get_ident(), None)
+            thread = threading.get_ident()
+            self.pending.pop(thread, None)
+            self.waiting.pop(thread, None)
+            self.done.pop(thread, None)
             self._drop_hook_if_idle()
         self.projections.stop(self)
 
@@ -140,10 +145,7 @@ class Recorder:
             return
         values, drafts = depth_values(model, request, hidden)
         with self.lock:
-            sums, forwards = self.totals.get(request.phase, (None, 0))
-            sums = values.double() if sums is None else sums + values.double()
-            self.totals[request.phase] = (sums, forwards + 1)
-            self.done[thread] = (request.phase, values)
+            self.done[thread] = (request.phase, values, values.double())
             self.waiting[thread] = (request, drafts)  # until the policy's projection
 
     def depth(self, model: Any, depth: int, logits: torch.Tensor) -> None:
@@ -159,21 +161,36 @@ class Recorder:
         request, drafts = entry
         extra = sampled_values(model, request, drafts, logits)
         with self.lock:
-            sums, forwards = self.totals[request.phase]
-            self.totals[request.phase] = (sums + extra.double(), forwards)
-            phase, values = self.done.get(thread, (request.phase, None))
-            if values is not None:
-                self.done[thread] = (phase, values + extra)
+            done = self.done.get(thread)
+            if done is not None:
+                self.done[thread] = (done[0], done[1] + extra, done[2] + extra.double())
 
     def end(self, model: torch.nn.Module, completed: bool) -> None:
-        """End this thread's forward: drop its unanswered request, and hand what a completed
-        forward recorded to the plugins' ``mtp_metrics`` (converting only if one listens)."""
-        self.cancel()
+        """End this thread's forward: drop its unanswered request; add what a completed forward
+        recorded to the totals and hand it to the plugins' ``mtp_metrics`` (converting only if
+        one listens). A forward that raised counts for nothing."""
         with self.lock:
             done = self.done.pop(threading.get_ident(), None)
+        self.cancel()
+        if done is None or not completed:
+            return
+        phase, values, exact = done
+        with self.lock:
+            sums, forwards = self.totals.get(phase, (None, 0))
+            self.totals[phase] = (exact if sums is None else sums + exact, forwards + 1)
         registry = _registry()
-        if done is not None and completed and registry.implements("mtp_metrics"):
-            registry.report_metrics(model, done[0], to_metrics(done[1], 1))
+        if registry.implements("mtp_metrics"):
+            registry.report_metrics(model, phase, to_metrics(values, 1))
+
+    def drop_all(self) -> None:
+        """Drop every request and what it recorded, and the hook (no call of the model runs:
+        what interrupted calls left)."""
+        with self.lock:
+            self.pending.clear()
+            self.waiting.clear()
+            self.done.clear()
+            self._drop_hook_if_idle()
+        self.projections.forget(self)
 
     def _drop_hook_if_idle(self) -> None:
         if not self.pending and self.handle is not None:

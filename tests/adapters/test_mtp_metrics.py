@@ -154,7 +154,8 @@ def chained_by_hand(labels, mask, token: int, depths: int) -> tuple[list[float],
     """Chained acceptance, the accepted length a greedy engine reaches, and the per-position
     mean chain, for heads that always draft ``token``: depth ``d`` at position ``i`` drafts
     ``labels[i + d]``, present where ``mask[i + d]`` is set. The engine verifies at the first
-    position of each run of positions depth 1 has, and from ``i`` goes on at ``i + chain + 1``."""
+    position depth 1 has, and from ``i`` goes on at the first such position from
+    ``i + chain + 1`` on (the user guide's walk)."""
     rows, seq = labels.tolist(), labels.shape[1]
     weights = mask.tolist()
     chain_hits, chain_present = [0] * depths, [0] * depths
@@ -171,12 +172,13 @@ def chained_by_hand(labels, mask, token: int, depths: int) -> tuple[list[float],
                 chain_present[d] += present
                 run[i] += hit
                 region[i] = region[i] or (d == 0 and present)
-        for start in range(seq):
-            if region[start] and (start == 0 or not region[start - 1]):
-                i = start
-                while i < seq and region[i]:
-                    walk_accepted, walk_steps = walk_accepted + run[i], walk_steps + 1
-                    i += run[i] + 1
+        i = 0  # one walk a row, going on after a chain at the next position depth 1 has
+        while i < seq:
+            if not region[i]:
+                i += 1
+                continue
+            walk_accepted, walk_steps = walk_accepted + run[i], walk_steps + 1
+            i += run[i] + 1
     chain = [h / p for h, p in zip(chain_hits, chain_present, strict=True)]
     return chain, walk_accepted / walk_steps, sum(chain_hits) / chain_present[0]
 
@@ -202,6 +204,26 @@ def test_chained_acceptance_and_accepted_length_count_greedy_chains(deep, batch,
     # the run of sevens makes easy positions follow each other: a mean over every position
     # counts each accepted chain at every position it covers, and reads above the engine
     assert per_position > accepted + 0.05
+
+
+def test_a_chain_over_a_one_position_hole_in_the_mask_is_walked_once(deep, batch):
+    """One masked label (an end-of-document token under eod_mask_loss) leaves depth 1 without
+    the position before it, while a chain from two before reaches past it: the walk goes on
+    there, and the stretch after the hole starts no walk of its own."""
+    model = deep()
+    set_head_to_predict(model, 7)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    labels = torch.full_like(batch.labels, 7)
+    labels[:, 10:] = 8  # no chain is accepted after the hole: counted twice, it weighs double
+    mask = torch.ones_like(labels, dtype=torch.float)
+    mask[:, 9] = 0  # the hole: the walk verifies at 0, 3 and 6, whose chain lands on 9
+    with torch.no_grad():
+        model.eval()
+        model(*batch.args(), labels=labels, loss_mask=mask)
+    _, accepted, _ = chained_by_hand(labels, mask, 7, DEPTHS)
+    assert accepted == pytest.approx(6 / 9)  # 2 + 2 + 2 drafts at 0, 3, 6; then 9 to 14
+    assert handle.metrics()["eval"].accepted_length == pytest.approx(accepted, abs=1e-6)
 
 
 def test_running_means_weigh_positions_and_reset_clears_them(deep, batch, loss_mask):
@@ -463,7 +485,7 @@ def test_the_sampled_acceptance_is_the_chance_a_sampled_draft_equals_a_sampled_t
     assert 0 < want_chain[1] < want_chain[0] < 1
 
 
-def test_a_forward_stopped_before_the_policys_projection_leaves_no_hook_and_no_sampled_figure(
+def test_a_forward_stopped_before_the_policys_projection_leaves_no_hook_and_records_nothing(
     deep, batch
 ):
     model = deep(seed=3)
@@ -483,9 +505,32 @@ def test_a_forward_stopped_before_the_policys_projection_leaves_no_hook_and_no_s
         model(*batch.args(), labels=batch.labels)
     stopper.remove()
     assert not model.output_layer._forward_hooks and not model.mtp._forward_hooks
-    stopped = handle.metrics(reset=True)["eval"]
-    assert stopped.sampled_accepted_length is None and stopped.sampled_acceptance == ()
+    assert "eval" not in handle.metrics()  # the MTP block had returned: still nothing counts
     with torch.no_grad():
         model(*batch.args(), labels=batch.labels)
     assert not model.output_layer._forward_hooks and not model.mtp._forward_hooks
-    assert handle.metrics()["eval"].sampled_accepted_length is not None
+    after = handle.metrics()["eval"]
+    assert after.forwards == 1 and after.sampled_accepted_length is not None
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, RuntimeError])
+def test_a_forward_interrupted_after_the_mtp_block_returned_counts_for_nothing(deep, batch, stop):
+    model, alone = deep(seed=4), deep(seed=4)
+    handle, reference = mtp_hooks.attach(model), mtp_hooks.attach(alone)
+    mtp_hooks.configure("eval=run+metrics")
+
+    def interrupt(layer, args):  # the first depth's output projection, megatron's own
+        raise stop("in the first depth's projection")
+
+    stopper = model.output_layer.register_forward_pre_hook(interrupt)
+    model.eval()
+    alone.eval()
+    with torch.no_grad(), pytest.raises(stop):
+        model(*batch.args(), labels=batch.labels)
+    stopper.remove()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels)
+        alone(*batch.args(), labels=batch.labels)
+    got, want = handle.metrics()["eval"], reference.metrics()["eval"]
+    assert got.forwards == 1
+    assert got == want  # the means of the complete forward alone

@@ -119,6 +119,20 @@ def test_a_callers_own_compute_mtp_loss_false_wins_over_a_run_and_counts_as_unto
 
 
 @pytest.mark.parametrize("kind", HYBRID)
+def test_a_callers_own_compute_mtp_loss_false_under_a_skip_counts_as_untouched_too(
+    build, kind, batch, count_mtp
+):
+    model = build(model_cls=native(kind))
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    model(*batch.args(), labels=batch.labels, compute_mtp_loss=False)
+    assert model.received == [(False, True, model.config)]  # the call as its caller made it
+    assert counter.n == 0
+    assert handle.stats() == {"train": {"untouched": 1}}
+
+
+@pytest.mark.parametrize("kind", HYBRID)
 @pytest.mark.parametrize(
     ("policy", "phase", "named"),
     [

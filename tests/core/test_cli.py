@@ -102,6 +102,16 @@ def test_check_config_shows_every_mask_setting_including_the_toml_only_ones(tmp_
     assert "train = run+mask:labels (ignore_index = 0) (plugin_masks = false)\n" in out.stdout
 
 
+def test_check_config_shows_the_objectives_temperature_it_validated(tmp_path):
+    path = tmp_path / "objective.toml"
+    path.write_text(
+        '[policy]\ntrain = {mtp = "run", detach = true, objective = "kl", temperature = 0.7}\n'
+    )
+    out = cli("check-config", str(path))
+    assert out.returncode == 0, out.stderr
+    assert "train = run+detach+objective:kl (temperature = 0.7)\n" in out.stdout
+
+
 def test_check_config_rejects_an_invalid_file_with_one_line(tmp_path):
     path = tmp_path / "bad.toml"
     path.write_text('[policy]\neval = "sometimes"\n')
