@@ -70,7 +70,18 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from .demo import run_demo
+
+    missing = [m for m in ("torch", "megatron") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise MTPHooksError(
+            f"the demo builds real megatron-core models, and {' and '.join(missing)} "
+            "cannot be imported here. Install them with the megatron extra: pip install "
+            "'.[megatron]' from a checkout, or run scripts/nox -s demo, which builds its own "
+            "environment"
+        )
 
     return run_demo(policy=args.policy, models=args.models)
 
@@ -79,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="mtp-hooks", description="Decide per forward call whether Megatron runs MTP."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("plugins", help="list registered and blocked plugins")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -100,6 +112,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=_cmd_demo)
     return parser
+
+
+def _version() -> str:
+    """The installed distribution's version (a checkout run without installing has none)."""
+    import importlib.metadata
+
+    try:
+        return importlib.metadata.version("mtp-hooks")
+    except importlib.metadata.PackageNotFoundError:
+        return "(not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

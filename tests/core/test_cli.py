@@ -171,3 +171,22 @@ def test_check_config_wants_a_file_or_a_policy_string_not_both():
     for argv in (["check-config"], ["check-config", "x.toml", "--policy", "train=run"]):
         out = cli(*argv)
         assert out.returncode == 2 and "one of the two" in out.stderr
+
+
+def test_version_prints_the_installed_version():
+    import importlib.metadata
+
+    out = cli("--version")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"mtp-hooks {importlib.metadata.version('mtp-hooks')}"
+
+
+def test_the_demo_without_megatron_says_which_extra_to_install_in_one_line():
+    import importlib.util
+
+    if importlib.util.find_spec("megatron") is not None and importlib.util.find_spec("torch"):
+        pytest.skip("megatron-core and torch are installed here (the core session has neither)")
+    out = cli("demo")
+    assert out.returncode == 2
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith("mtp-hooks: error: ")
+    assert "'.[megatron]'" in out.stderr and "Traceback" not in out.stderr
