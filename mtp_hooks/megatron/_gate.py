@@ -275,12 +275,13 @@ class MTPGate:
                 plan = _phase_plan.plan(self, module, phase)
             else:
                 plan = cached
-        if self.native and kwargs.get(_NATIVE_FLAG) is False:
+        if self.native and plan.run and kwargs.get(_NATIVE_FLAG) is False:
             # The caller turned MTP off for this call itself: its keyword wins, as an inference
-            # call's does, whatever the decision, and a plan that asks more of the call than a
-            # skip is refused.
-            if plan.run:
-                _refusals.check_callers_own_skip(module, plan)
+            # call's does, and a plan that asks more of the call than a skip is refused. Under a
+            # skip the plan goes on, its flag agreeing: the False may be an outer model's skip
+            # handed on with the keywords (ModelOpt runs its teacher inside the student's
+            # forward), and the skip must still hide the MTP depths from megatron's config.
+            _refusals.check_callers_own_skip(module, plan)
             plan.counters[_UNTOUCHED] += 1
             return None
         if plan.masking or (_open_blocks[0] and plan.run and _loss_masks.context_masks()):

@@ -119,7 +119,7 @@ def test_a_callers_own_compute_mtp_loss_false_wins_over_a_run_and_counts_as_unto
 
 
 @pytest.mark.parametrize("kind", HYBRID)
-def test_a_callers_own_compute_mtp_loss_false_under_a_skip_counts_as_untouched_too(
+def test_a_callers_own_compute_mtp_loss_false_under_a_skip_is_skipped_as_planned(
     build, kind, batch, count_mtp
 ):
     model = build(model_cls=native(kind))
@@ -127,9 +127,10 @@ def test_a_callers_own_compute_mtp_loss_false_under_a_skip_counts_as_untouched_t
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     model(*batch.args(), labels=batch.labels, compute_mtp_loss=False)
-    assert model.received == [(False, True, model.config)]  # the call as its caller made it
+    ((flag, mtp_process, config),) = model.received
+    assert (flag, mtp_process) == (False, True) and config.mtp_num_layers is None
     assert counter.n == 0
-    assert handle.stats() == {"train": {"untouched": 1}}
+    assert handle.stats() == {"train": {"skip": 1}}
 
 
 @pytest.mark.parametrize("kind", HYBRID)
