@@ -13,6 +13,7 @@ from . import _runtime
 from ._errors import PolicyError
 from ._phases import BUILTIN, Phase, check_name, explicit_phase
 from ._plugin_registry import registry
+from ._policy_errors import did_you_mean
 
 
 def declare_phase(name: str) -> str:
@@ -55,8 +56,10 @@ def normalize(name: object, where: str = "phase") -> Phase | str:
             return builtin
         if name in _runtime.current.phases or name in registry().plugin_phases():
             return name
+    known = known_phases()
+    hint = did_you_mean(name, known) if isinstance(name, str) else ""
     raise PolicyError(
-        f"{where}: unknown phase {name!r}; known phases are {', '.join(known_phases())}. "
+        f"{where}: unknown phase {name!r}{hint}; known phases are {', '.join(known)}. "
         "Declare a custom phase first with mtp_hooks.declare_phase(name) or a plugin's "
         "declare_phases hook."
     )

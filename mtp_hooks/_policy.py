@@ -19,6 +19,7 @@ from typing import Any
 from . import _phase_catalogue
 from ._errors import PolicyError
 from ._policy_entry import VALUES, Key, PolicyEntry
+from ._policy_errors import Errors, did_you_mean
 from ._weights import check_loss_scale, parse_loss_scale
 from .hookspecs import OBJECTIVES
 
@@ -75,8 +76,9 @@ def _objective(
     if raw is None:
         return None, None
     if not isinstance(raw, str) or raw.strip().lower() not in OBJECTIVES:
+        hint = did_you_mean(raw, OBJECTIVES) if isinstance(raw, str) else ""
         raise PolicyError(
-            f"{where}: unknown MTP objective {raw!r}; the objectives are 'ce' (megatron's "
+            f"{where}: unknown MTP objective {raw!r}{hint}; the objectives are 'ce' (megatron's "
             "cross-entropy against the labels), 'kl' (the policy's own next-token "
             "distribution) and 'tv' (the total variation to it)"
         )
@@ -102,9 +104,16 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
     ``{mtp, loss_scale, metrics, detach}`` table."""
     where = f"{source}: key {key!r}"
     if isinstance(raw, Mapping):
-        unknown = set(raw) - _TABLE_KEYS
+        unknown = sorted(str(k) for k in set(raw) - _TABLE_KEYS)
+        if unknown:
+            listed = ", ".join(f"{k!r}{did_you_mean(k, _TABLE_KEYS)}" for k in unknown)
+            raise PolicyError(
+                f"{where}: unknown table key {listed}; a table takes 'mtp', 'loss_scale', "
+                "'metrics', 'detach', 'mask', 'ignore_index', 'plugin_masks', 'objective' and "
+                "'temperature'"
+            )
         mtp = raw.get("mtp")
-        if unknown or not isinstance(mtp, str) or mtp.strip().lower() not in VALUES:
+        if not isinstance(mtp, str) or mtp.strip().lower() not in VALUES:
             raise PolicyError(
                 f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
                 "'run', 'skip' or 'auto', with no weight or option in it), 'loss_scale', "
@@ -154,15 +163,18 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
     names = [o.partition(":")[0] for o in options]
     for option, name in zip(options, names, strict=True):
         if name not in (*OPTIONS, *_NAMED) or (":" in option) != (name in _NAMED):
+            spelled = ["metrics", "detach", "mask:labels", *(f"objective:{o}" for o in OBJECTIVES)]
+            hint = did_you_mean(f"+{option}", [f"+{o}" for o in spelled])
             raise PolicyError(
-                f"{where} has value {raw!r}; unknown option '+{option}': the '+' options are "
-                "'+metrics', '+detach', '+mask:labels' and '+objective:kl' (or ':tv', ':ce')"
+                f"{where} has value {raw!r}; unknown option '+{option}'{hint}: the '+' options "
+                "are '+metrics', '+detach', '+mask:labels' and '+objective:kl' (or ':tv', ':ce')"
             )
         if names.count(name) > 1:
             raise PolicyError(f"{where} has value {raw!r}; give '+{name}' once")
     named = VALUES.get(match["value"])
     if named is None:
-        raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
+        hint = did_you_mean(match["value"], VALUES)
+        raise PolicyError(f"{where} has value {raw!r}{hint}; allowed values are {_ALLOWED}")
     weight = None
     if match["weight"] is not None:
         if named != "run":
@@ -221,29 +233,41 @@ def _add(
 
 def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
     entries: dict[Key, PolicyEntry] = {}
+    errors = Errors()
     for raw_key, raw_value in policy.items():
-        if raw_key == "roles":
-            if not isinstance(raw_value, Mapping):
+        with errors:
+            _from_item(entries, raw_key, raw_value, source, errors)
+    errors.raise_any()
+    return entries
+
+
+def _from_item(
+    entries: dict[Key, PolicyEntry], raw_key: Any, raw_value: Any, source: str, errors: Errors
+) -> None:
+    """One key of a mapping policy into ``entries`` (each of a ``roles`` table's own keys is
+    checked apart, its errors gathered in ``errors``)."""
+    if raw_key == "roles":
+        if not isinstance(raw_value, Mapping):
+            raise PolicyError(
+                f"{source}: key 'roles' must be a table of ROLE = {{PHASE = VALUE}}, "
+                f"got {type(raw_value).__name__}"
+            )
+        for role, table in raw_value.items():
+            if not isinstance(role, str) or not role.isidentifier():
+                raise PolicyError(f"{source}: role {role!r} in 'roles' is not an identifier")
+            if not isinstance(table, Mapping):
                 raise PolicyError(
-                    f"{source}: key 'roles' must be a table of ROLE = {{PHASE = VALUE}}, "
-                    f"got {type(raw_value).__name__}"
+                    f"{source}: key 'roles.{role}' must be a table of PHASE = VALUE, "
+                    f"got {type(table).__name__}"
                 )
-            for role, table in raw_value.items():
-                if not isinstance(role, str) or not role.isidentifier():
-                    raise PolicyError(f"{source}: role {role!r} in 'roles' is not an identifier")
-                if not isinstance(table, Mapping):
-                    raise PolicyError(
-                        f"{source}: key 'roles.{role}' must be a table of PHASE = VALUE, "
-                        f"got {type(table).__name__}"
-                    )
-                for phase_name, value in table.items():
-                    dotted = f"{role}.{phase_name}"
+            for phase_name, value in table.items():
+                dotted = f"{role}.{phase_name}"
+                with errors:
                     key = _key(dotted, source)
                     _add(entries, key, dotted, _value(value, source, dotted), source)
-            continue
-        key = _key(raw_key, source)
-        _add(entries, key, raw_key, _value(raw_value, source, raw_key), source)
-    return entries
+        return
+    key = _key(raw_key, source)
+    _add(entries, key, raw_key, _value(raw_value, source, raw_key), source)
 
 
 def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dict[Key, PolicyEntry]:
@@ -272,18 +296,33 @@ def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dic
     if not policy.strip():  # an empty MTP_HOOKS_POLICY: no policy from this source
         return entries
     items = policy.split(",")
+    errors = Errors()
     for number, item in enumerate(items, 1):
-        if not item.strip():
-            raise PolicyError(
-                f"{source}: item {number} of {len(items)} in {policy!r} is empty (a stray "
-                "comma); separate PHASE=VALUE items by single commas, with none at either end"
-            )
-        raw_key, sep, raw_value = item.partition("=")
-        if not sep:
-            raise PolicyError(
-                f"{source}: item {item.strip()!r} has no '='; write PHASE=VALUE or "
-                "ROLE.PHASE=VALUE with VALUE one of 'run', 'skip', 'auto'"
-            )
-        key = _key(raw_key, source)
-        _add(entries, key, raw_key.strip(), _value(raw_value, source, raw_key.strip()), source)
+        with errors:
+            _from_compact_item(entries, number, item, items, policy, source)
+    errors.raise_any()
     return entries
+
+
+def _from_compact_item(
+    entries: dict[Key, PolicyEntry],
+    number: int,
+    item: str,
+    items: list[str],
+    policy: str,
+    source: str,
+) -> None:
+    """Item ``number`` of a compact policy string into ``entries``."""
+    if not item.strip():
+        raise PolicyError(
+            f"{source}: item {number} of {len(items)} in {policy!r} is empty (a stray "
+            "comma); separate PHASE=VALUE items by single commas, with none at either end"
+        )
+    raw_key, sep, raw_value = item.partition("=")
+    if not sep:
+        raise PolicyError(
+            f"{source}: item {item.strip()!r} has no '='; write PHASE=VALUE or "
+            "ROLE.PHASE=VALUE with VALUE one of 'run', 'skip', 'auto'"
+        )
+    key = _key(raw_key, source)
+    _add(entries, key, raw_key.strip(), _value(raw_value, source, raw_key.strip()), source)

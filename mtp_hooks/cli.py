@@ -65,7 +65,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         if entry.temperature is not None:
             own += f" (temperature = {entry.temperature!r})"
         print(f"{role + '.' if role else ''}{phase} = {_policy_entry.spell(entry)}{own}")
-    print(f"{what}: valid ({len(entries)} entries)")
+    print(f"{what}: valid ({len(entries)} {'entry' if len(entries) == 1 else 'entries'})")
     return 0
 
 

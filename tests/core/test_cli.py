@@ -190,3 +190,42 @@ def test_the_demo_without_megatron_says_which_extra_to_install_in_one_line():
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and out.stderr.startswith("mtp-hooks: error: ")
     assert "'.[megatron]'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_check_config_names_every_error_of_a_string_with_did_you_mean():
+    out = cli("check-config", "--policy", "train=run,eval=skp,rolout=skip,train=run:abc")
+    assert out.returncode == 2 and out.stdout == ""
+    assert "3 errors in this policy" in out.stderr
+    assert "'skp' (did you mean 'skip'?)" in out.stderr
+    assert "'rolout' (did you mean 'rollout'?)" in out.stderr
+    assert "loss weight 'abc'" in out.stderr
+
+
+@pytest.mark.parametrize(
+    ("policy", "hint"),
+    [
+        ("trian=run", "(did you mean 'train'?)"),
+        ("train=run+detatch", "(did you mean '+detach'?)"),
+        ("train=rnu", "(did you mean 'run'?)"),
+        ("train=run+objective:kll+detach", "objective 'kll' (did you mean 'kl'?)"),
+    ],
+)
+def test_a_typo_in_a_policy_string_gets_the_nearest_spelling(policy, hint):
+    out = cli("check-config", "--policy", policy)
+    assert out.returncode == 2 and hint in out.stderr, out.stderr
+
+
+def test_check_config_names_an_unknown_toml_key_and_every_other_error(tmp_path):
+    path = tmp_path / "typos.toml"
+    path.write_text('[policy]\ntrain = {mtp = "run", detatch = true}\neval = "skp"\n')
+    out = cli("check-config", str(path))
+    assert out.returncode == 2
+    assert "2 errors in this policy" in out.stderr
+    assert "unknown table key 'detatch' (did you mean 'detach'?)" in out.stderr
+    assert "{'mtp'" not in out.stderr  # the key is named, not the whole table dumped
+    assert "'skp' (did you mean 'skip'?)" in out.stderr
+
+
+def test_one_entry_is_one_entry():
+    out = cli("check-config", "--policy", "train=run")
+    assert out.returncode == 0 and "valid (1 entry)" in out.stdout

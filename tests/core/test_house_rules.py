@@ -21,8 +21,8 @@ LAYERS = {
         "mtp_hooks._plugin_checks", "mtp_hooks._plugin_registry", "mtp_hooks._roles",
     ],
     "policy": [
-        "mtp_hooks._phase_catalogue", "mtp_hooks._policy_entry", "mtp_hooks._policy",
-        "mtp_hooks._policy_file",
+        "mtp_hooks._policy_errors", "mtp_hooks._phase_catalogue", "mtp_hooks._policy_entry",
+        "mtp_hooks._policy", "mtp_hooks._policy_file",
         "mtp_hooks._sources", "mtp_hooks._decision", "mtp_hooks._explain", "mtp_hooks._loss_masks",
     ],
     "public faces below the adapters": [
@@ -37,7 +37,10 @@ LAYERS = {
 }  # fmt: skip
 
 # Files past about 300 lines, each because one concept needs the room.
-LONG = {"mtp_hooks.megatron._gate": "the gate: one class, its two hooks and their bookkeeping"}
+LONG = {
+    "mtp_hooks.megatron._gate": "the gate: one class, its two hooks and their bookkeeping",
+    "mtp_hooks._policy": "the policy grammar: every value, option and table key, validated",
+}
 
 
 def modules(packages: list[pathlib.Path] = PACKAGES) -> dict[str, pathlib.Path]:

@@ -1,0 +1,53 @@
+"""What a policy's errors are told with: every error of one source at once, and did-you-mean
+hints (the closest allowed spelling to a typo)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+from typing import Any
+
+from ._errors import PolicyError
+
+__all__ = ["Errors", "did_you_mean"]
+
+
+def did_you_mean(given: str, choices: Iterable[str]) -> str:
+    """``" (did you mean 'skip'?)"`` for ``given="skp"``, or ``""`` when nothing is close.
+
+    Matches case-insensitively (``"Train"`` suggests ``'train'``) and ignores surrounding
+    spaces; a choice is close when difflib's ratio is at least 0.6.
+
+    >>> did_you_mean("trian", ["train", "eval", "rollout"])
+    " (did you mean 'train'?)"
+    >>> did_you_mean("xyz", ["train", "eval"])
+    ''
+    """
+    options = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(given.strip().lower(), list(options), n=1, cutoff=0.6)
+    return f" (did you mean {options[close[0]]!r}?)" if close else ""
+
+
+class Errors:
+    """The errors of one policy source, gathered so that one ``PolicyError`` names them all:
+    each item is checked in a ``with errors:`` block, which keeps its ``PolicyError`` and goes
+    on; :meth:`raise_any` raises them together (one error as itself)."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+
+    def __enter__(self) -> Errors:
+        return self
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        if isinstance(exc, PolicyError):
+            self.messages.append(str(exc))
+            return True  # go on to the next item
+        return False
+
+    def raise_any(self) -> None:
+        if len(self.messages) == 1:
+            raise PolicyError(self.messages[0])
+        if self.messages:
+            listed = "\n".join(f"  {m}" for m in self.messages)
+            raise PolicyError(f"{len(self.messages)} errors in this policy:\n{listed}")
