@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from . import _local_specs, tiny_models
+from . import tiny_models
 
 __all__ = ["NEMOTRON_PATTERN", "build_nemotron", "can_build_mamba"]
 
@@ -76,8 +76,6 @@ def build_nemotron(
     The Mamba-2 layers take megatron's memory-efficient training path where causal-conv1d is
     installed (as Nemotron 3 trains) and its plain path (torch's ``Conv1d``) elsewhere.
     """
-    from megatron.core.models.hybrid.hybrid_model import HybridModel
-
     spec = spec or tiny_models.TinySpec(rmsnorm=True, bias=False)
     parts = pattern.split("/")
     depths = len(parts) - 1
@@ -101,19 +99,15 @@ def build_nemotron(
     )
     fields.update(config_overrides)
     sized = tiny_models.TinySpec(**{**vars(spec), "mtp_num_layers": depths or None})
-    config = tiny_models._config(sized, num_layers=len(parts[0]), **fields)
-    if tiny_models._check_impl(transformer_impl):
-        from megatron.core.models.hybrid.hybrid_layer_specs import hybrid_stack_spec
-    else:
-        hybrid_stack_spec = _local_specs.hybrid_stack_spec(attention, num_experts=num_experts)
-    return HybridModel(
-        config=config,
-        hybrid_stack_spec=hybrid_stack_spec,
-        vocab_size=spec.vocab_size,
-        max_sequence_length=spec.seq_length,
-        hybrid_layer_pattern=pattern,
+    # build_hybrid's local spec names 4 experts: megatron's MoE spec only checks that a count
+    # is given, and the config's num_moe_experts decides, as in its own TE hybrid spec
+    return tiny_models.build_hybrid(
+        sized,
+        attention=attention,
+        transformer_impl=transformer_impl,
+        pattern=pattern,
         pre_process=pre_process,
         post_process=post_process,
-        share_embeddings_and_output_weights=share_embeddings,
-        position_embedding_type="none",
+        share_embeddings=share_embeddings,
+        **fields,
     )

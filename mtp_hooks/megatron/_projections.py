@@ -75,9 +75,7 @@ class Projections:
                 listening.listeners.remove(listener)
                 if not listening.listeners:
                     del self.threads[thread]
-            if not self.threads and self.handle is not None:
-                self.handle.remove()
-                self.handle = None
+            self._drop_hook_if_idle()
 
     def forget(self, listener: Listener) -> None:
         """Stop passing ``listener`` any thread's projections (its model's gate is removed and
@@ -88,9 +86,13 @@ class Projections:
                     listening.listeners.remove(listener)
                 if not listening.listeners:
                     del self.threads[thread]
-            if not self.threads and self.handle is not None:
-                self.handle.remove()
-                self.handle = None
+            self._drop_hook_if_idle()
+
+    def _drop_hook_if_idle(self) -> None:
+        """Remove the hook once no thread listens (called under the lock)."""
+        if not self.threads and self.handle is not None:
+            self.handle.remove()
+            self.handle = None
 
     def _on_output(self, layer: torch.nn.Module, args: tuple[Any, ...], output: Any) -> None:
         with self.lock:
