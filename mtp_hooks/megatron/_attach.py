@@ -95,7 +95,7 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
     # Build every gate (which validates the config) before changing anything on the models.
     gated = [m for m in models if capabilities.gated(m)]
     gates = [gate_cls(m, settling.DDPState(m, wrappers), verify) for m in gated]
-    from ._refusals import check_policy
+    from ._phase_plan import check_policy
 
     for gate, m in zip(gates, gated, strict=True):  # what the model's mode cannot follow
         check_policy(gate, m, role if role is not None else _roles.role_of(m))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from .. import _decision, _roles, _sources
+from .. import _decision, _phases, _roles, _sources
 from .._plugin_registry import registry
 from . import _cuda_graphs, _rank_agreement, _refusals
 from ._config_view import Changes
@@ -67,19 +67,56 @@ class PhasePlan:
     def plainly(self, run: bool) -> PhasePlan:
         """This plan with ``run`` and none of its options: what a standalone layout's loss
         stage does when the MTP stage decided otherwise for a microbatch."""
-        return dataclasses.replace(
-            self,
-            run=run,
-            loss_scale=None,
-            metrics=False,
-            detach=False,
-            changes=None,
-            masks=False,
-            ignore_index=None,
-            masking=False,
-            objective=None,
-            hooked=False,
-        )
+        plain: dict[str, Any] = {option.field: option.plain for option in OPTIONS}
+        return dataclasses.replace(self, run=run, **plain, **DERIVED)
+
+    def options(self, needing_a_run: bool = False) -> list[str]:
+        """What this plan asks beyond a plain run or skip, as :data:`OPTIONS` names it; with
+        ``needing_a_run``, only what a call that does not run MTP would leave undone."""
+        return [
+            option.says
+            for option in OPTIONS
+            if getattr(self, option.field) != option.plain
+            and (option.needs_a_run or not needing_a_run)
+        ]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class PlanOption:
+    """A :class:`PhasePlan` field that a policy option or a plugin's answer sets.
+
+    Attributes:
+        field: The plan's field.
+        plain: Its value in a plain run or skip.
+        says: How a refusal names what asked for it.
+        needs_a_run: Whether a call that does not run MTP leaves it undone (plugins' masks
+            only weigh a loss that is computed: nothing is lost without one).
+    """
+
+    field: str
+    plain: Any
+    says: str
+    needs_a_run: bool = True
+
+
+OPTIONS: Final = (
+    PlanOption("metrics", False, "+metrics"),
+    PlanOption("objective", None, "+objective"),
+    PlanOption("loss_scale", None, "a loss weight (run:W or mtp_loss_scale)"),
+    PlanOption("detach", False, "+detach"),
+    PlanOption("ignore_index", None, "+mask:labels"),
+    PlanOption("masks", False, "plugins' mtp_loss_mask answers", needs_a_run=False),
+)
+"""Every option a plan carries. A check that must refuse anything but a plain run reads this
+list, so an option added here is refused there too (tests/adapters/test_ep_overlap.py fails
+on a plan field that is in neither this list, :data:`DERIVED` nor :data:`BOOKKEEPING`)."""
+
+DERIVED: Final[dict[str, Any]] = {"changes": None, "masking": False, "hooked": False}
+"""Plan fields that follow from :data:`OPTIONS` (the config fields to change, whether a call
+masks, whether it opens a hook of its own), at their plain values."""
+
+BOOKKEEPING: Final = ("phase", "generation", "run", "counters")
+"""Plan fields that are not options."""
 
 
 class Planner(_refusals.ExecutionMode, Protocol):
@@ -90,6 +127,25 @@ class Planner(_refusals.ExecutionMode, Protocol):
     cache: dict[Any, PhasePlan]
 
     def counters(self, phase: Any) -> list[int]: ...
+
+
+def check_policy(gate: Planner, module: torch.nn.Module, role: str | None) -> None:
+    """What the model's execution mode cannot follow (:func:`._refusals.check_policy`), and
+    under megatron's combined 1F1B schedule anything but a plain run in training.
+
+    With ``overlap_moe_expert_parallel_comm=True`` megatron builds every training microbatch
+    through ``build_schedule_plan``, which calls no forward hook and includes the MTP layers
+    whenever the model has them (megatron-core 0.19.2, ``model_chunk_schedule_plan.py``), so
+    no training decision or option reaches it; forward-only passes take ``forward`` and follow
+    the policy. The check reads :data:`OPTIONS`, so no option can slip past it.
+    """
+    if gate.ep_overlap:
+        decision, _ = _decision.decide_normalized(module, _phases.Phase.TRAIN, role)
+        training = _made(_phases.Phase.TRAIN, _sources.generation(), [], decision)
+        asked = training.options()
+        if not training.run or asked:
+            _refusals.refuse_ep_overlap("skip" if not training.run else " and ".join(asked))
+    _refusals.check_policy(gate, module, role)
 
 
 def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:
@@ -103,35 +159,45 @@ def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:
     generation = _sources.generation()
     role = _roles.role_of(module)
     if gate.policy_checked != generation:
-        _refusals.check_policy(gate, module, role)
+        check_policy(gate, module, role)
         gate.policy_checked = generation
     decision, cacheable = _decision.decide_normalized(module, phase, role)
     if gate.verify and not (gate.full_graphs and _cuda_graphs.capturing()):
         _rank_agreement.verify(decision, phase)  # host syncs: never inside a capture
     if gate.local_graphs and decision.run:
         _cuda_graphs.check_replayable(module)
-    changes: list[tuple[str, Any]] = []
-    objective = None
     if decision.run and decision.objective is not None:
         _refusals.check_objective(gate, str(phase))
-        objective = (decision.objective, decision.temperature)
-        changes.append(("mtp_loss_scaling_factor", 0.0))  # megatron's cross-entropy adds nothing
-    elif decision.run and decision.loss_scale is not None:
-        changes.append(("mtp_loss_scaling_factor", decision.loss_scale))
     if decision.run and decision.detach:
         refusal = gate.detach_refusal or _refusals.clipping_refusal(module)
         if refusal is not None:
             by = decision.detach_by
             by = "the policy config" if by == "config" else f"plugin {by}"
             _refusals.refuse_detach(str(phase), by, refusal)
+    made = _made(phase, generation, gate.counters(phase), decision)
+    if cacheable:
+        gate.cache[phase] = made
+    return made
+
+
+def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> PhasePlan:
+    """The plan of ``decision`` (a :class:`~mtp_hooks._decision.Decision`), unchecked."""
+    changes: list[tuple[str, Any]] = []
+    objective = None
+    if decision.run and decision.objective is not None:
+        objective = (decision.objective, decision.temperature)
+        changes.append(("mtp_loss_scaling_factor", 0.0))  # megatron's cross-entropy adds nothing
+    elif decision.run and decision.loss_scale is not None:
+        changes.append(("mtp_loss_scaling_factor", decision.loss_scale))
+    if decision.run and decision.detach:
         changes.append(("mtp_detach_heads", True))
     masks = decision.run and decision.plugin_masks and registry().implements("mtp_loss_mask")
     ignore = decision.ignore_index if decision.run and decision.mask == "labels" else None
-    made = PhasePlan(
+    return PhasePlan(
         phase=phase,
         generation=generation,
         run=decision.run,
-        counters=gate.counters(phase),
+        counters=counters,
         loss_scale=decision.loss_scale,
         metrics=decision.metrics,
         detach=decision.run and decision.detach,
@@ -142,6 +208,3 @@ def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:
         objective=objective,
         hooked=decision.metrics or objective is not None,
     )
-    if cacheable:
-        gate.cache[phase] = made
-    return made

@@ -33,18 +33,17 @@ class ExecutionMode(Protocol):
 
 
 def check_policy(gate: ExecutionMode, model: Any, role: str | None) -> None:
-    """Refuse a policy this model's execution mode cannot follow: CUDA graphs, the combined
-    1F1B schedule, ``+detach`` where it cannot work, ``+metrics`` in a standalone-MTP layout,
-    masks where megatron would divide by zero, a skip on a tied MTP stage. Called at attach and
-    whenever the policy changes, so the news comes before the first training step."""
+    """Refuse a policy this model's execution mode cannot follow: CUDA graphs, ``+detach``
+    where it cannot work, ``+metrics`` in a standalone-MTP layout, masks where megatron would
+    divide by zero, a skip on a tied MTP stage. Called at attach and whenever the policy
+    changes (through :func:`._phase_plan.check_policy`, which adds the combined 1F1B
+    schedule), so the news comes before the first training step."""
     if gate.tied_hazard:
         check_tied_stage_policy(model, role)
     if gate.local_graphs:
         _cuda_graphs.check_policy(model, role)
     if gate.full_graphs:
         _cuda_graphs.check_full_iteration_policy(model, role)
-    if gate.ep_overlap:
-        check_ep_overlap_policy(model, role)
     if gate.detach_refusal is not None:
         check_detach_policy(role, gate.detach_refusal)
     else:
@@ -85,16 +84,7 @@ def refuse_tied_stage_skip(what: str = "a skip") -> None:
 def check_callers_own_skip(model: Any, plan: Any) -> None:
     """A call to which its caller passed ``compute_mtp_loss=False`` while ``plan`` (a
     ``PhasePlan`` that runs MTP) asks for what only a run gives."""
-    asked = [
-        name
-        for name, on in (
-            ("+metrics", plan.metrics),
-            ("+objective", plan.objective is not None),
-            ("a loss weight or +detach", plan.changes is not None),
-            ("+mask:labels", plan.ignore_index is not None),
-        )
-        if on
-    ]
+    asked = plan.options(needing_a_run=True)
     if asked:
         raise PolicyConflictError(
             f"mtp_hooks: this {type(model).__name__} forward in phase '{plan.phase}' was called "
@@ -116,34 +106,17 @@ def refuse_compiling() -> None:
     )
 
 
-def check_ep_overlap_policy(model: Any, role: str | None) -> None:
-    """Refuse a training decision the combined 1F1B schedule cannot follow.
-
-    With ``overlap_moe_expert_parallel_comm=True`` megatron builds every training microbatch
-    through ``GPTModel.build_schedule_plan``, which calls no forward hook and includes the MTP
-    layers whenever the model has them (megatron-core 0.19.2, ``model_chunk_schedule_plan.py``);
-    forward-only passes (evaluation, log-probs) take the ordinary path through ``forward``. So
-    MTP runs in every training step as megatron decides, and only a plain ``run`` there is
-    honest; every other phase follows the policy.
-    """
-    from .. import _decision, _phases
-
-    decision = _decision.decide_normalized(model, _phases.Phase.TRAIN, role)[0]
-    plain = decision.loss_scale is None and not decision.metrics and not decision.detach
-    if decision.run and plain:
-        return
-    what = "skip"
-    if decision.run:
-        what = "run" + (f":{decision.loss_scale:g}" if decision.loss_scale is not None else "")
-        what += "+metrics" * decision.metrics + "+detach" * decision.detach
+def refuse_ep_overlap(what: str) -> None:
+    """A training decision (``what``: ``"skip"``, or the options a run asks for) that the
+    combined 1F1B schedule cannot follow (:func:`._phase_plan.check_policy` says why)."""
     raise UnsupportedModelError(
-        f"mtp_hooks: the policy says train={what} for a model with "
-        "overlap_moe_expert_parallel_comm=True. megatron's combined 1F1B schedule builds every "
-        "training microbatch with build_schedule_plan, which runs no forward hook and includes "
-        "the MTP layers whenever the model has them, so the training decision cannot be applied "
-        "(evaluation and other forward-only passes follow the policy: train=run, eval=skip "
-        "works). Set train=run for this model, or overlap_moe_expert_parallel_comm=False to gate "
-        "training too."
+        f"mtp_hooks: the policy's training decision for a model with "
+        f"overlap_moe_expert_parallel_comm=True is {what}, which cannot be applied: megatron's "
+        "combined 1F1B schedule builds every training microbatch with build_schedule_plan, "
+        "which runs no forward hook and includes the MTP layers whenever the model has them, "
+        "so training runs MTP plainly, as megatron decides (evaluation and other forward-only "
+        "passes follow the policy: train=run, eval=skip works). Set a plain train=run for "
+        "this model, or overlap_moe_expert_parallel_comm=False to gate training too."
     )
 
 

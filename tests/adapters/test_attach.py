@@ -265,53 +265,6 @@ def test_local_graphs_created_without_the_mtp_layers_refuse_a_later_run(
     assert counter.n == 2
 
 
-def overlapped(model):
-    """``model`` with a config of its own that runs the combined 1F1B / EP-overlap schedule in
-    training (which only an expert-parallel GPU job can run; the gate reads the config)."""
-    model.config = copy.copy(model.config)
-    model.config.overlap_moe_expert_parallel_comm = True
-    return model
-
-
-def test_under_ep_overlap_mtp_in_training_and_not_in_evaluation_works(build, batch, count_mtp):
-    model = overlapped(build())
-    counter = count_mtp(model)
-    mtp_hooks.configure("train=run,eval=skip")
-    handle = mtp_hooks.attach(model)
-    model(*batch.args(), labels=batch.labels)
-    model.eval()
-    with torch.no_grad():  # a forward-only pass: megatron calls the model itself
-        model(*batch.args(), labels=batch.labels)
-    assert counter.n == 1 and handle.stats() == {"train": {"run": 1}, "eval": {"skip": 1}}
-
-
-@pytest.mark.parametrize("train", ["skip", "run:0.3", "run+metrics", "run+detach"])
-def test_under_ep_overlap_a_training_decision_megatron_cannot_follow_is_refused_at_attach(
-    build, train
-):
-    model = overlapped(build())
-    config = model.config
-    mtp_hooks.configure(f"train={train},eval=skip")
-    with pytest.raises(mtp_hooks.UnsupportedModelError) as info:
-        mtp_hooks.attach(model)
-    message = str(info.value)
-    assert f"train={train}" in message and "overlap_moe_expert_parallel_comm" in message
-    assert "build_schedule_plan" in message and "train=run, eval=skip works" in message
-    assert model.config is config and not model._forward_pre_hooks
-
-
-def test_under_ep_overlap_a_later_training_skip_is_refused_at_the_next_forward(build, batch):
-    model = overlapped(build())
-    mtp_hooks.attach(model)
-    mtp_hooks.configure("train=run,eval=skip")
-    model(*batch.args(), labels=batch.labels)
-    mtp_hooks.configure("train=skip,eval=skip")
-    model.eval()
-    with torch.no_grad(), pytest.raises(mtp_hooks.UnsupportedModelError, match="train=skip"):
-        model(*batch.args(), labels=batch.labels)
-    assert model.mtp_process is True
-
-
 def test_a_pipeline_stage_without_mtp_is_attached_and_never_touched(batch, voter):
     # An intermediate stage: the config has mtp_num_layers but this rank built no MTP block.
     stage = tiny_models.build_gpt(
