@@ -129,7 +129,8 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
                 raise PolicyError(f"{where}: {option!r} is true or false, not {flag!r}")
             flags[option] = _check_option(option, flag, where, value)
         scale = raw.get("loss_scale")
-        weight = None if scale is None else check_loss_scale(scale, where, value)
+        example = "loss_scale = 0.3 (a number, unquoted)"
+        weight = None if scale is None else check_loss_scale(scale, where, value, example)
         ignore = raw.get("ignore_index")
         if ignore is not None and (isinstance(ignore, bool) or not isinstance(ignore, int)):
             raise PolicyError(f"{where}: 'ignore_index' is an integer label, not {ignore!r}")

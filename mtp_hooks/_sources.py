@@ -179,7 +179,12 @@ def configure(policy: str | Mapping[str, Any] | None) -> None:
         >>> mtp_hooks.configure({"eval": "run", "roles": {"teacher": {"train": "skip"}}})
         >>> mtp_hooks.configure(None)
     """
-    entries = {} if policy is None else parse_policy(policy, "mtp_hooks.configure()")
+    configure_as(policy, "mtp_hooks.configure()")
+
+
+def configure_as(policy: str | Mapping[str, Any] | None, source: str) -> None:
+    """:func:`configure`, its entries and errors naming ``source`` (the CLI's ``--policy``)."""
+    entries = {} if policy is None else parse_policy(policy, source)
     state = _state()
     state.api = entries
     state.rebuild()

@@ -22,9 +22,12 @@ _WEIGHT = re.compile(r"(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re
 _HINT = "A weight of 0 still computes MTP: use 'skip' to save the compute."
 
 
-def check_loss_scale(raw: object, where: str, value: str = "run") -> float:
+def check_loss_scale(
+    raw: object, where: str, value: str = "run", example: str = "'run:0.3'"
+) -> float:
     """A finite MTP loss weight >= 0 given as a number (``0`` still computes MTP: skip it to
-    save the compute). ``-0.0`` is returned as ``0.0``.
+    save the compute). ``-0.0`` is returned as ``0.0``. ``example`` is how the error shows a
+    good weight written where ``raw`` was (a TOML table writes ``loss_scale = 0.3``).
 
     Raises:
         PolicyError: Naming ``where``, for a weight that is negative, NaN, infinite, not a
@@ -38,7 +41,7 @@ def check_loss_scale(raw: object, where: str, value: str = "run") -> float:
         kind = "" if number else f" (a {type(raw).__name__} is not read as a number)"
         raise PolicyError(
             f"{where}: loss weight {raw!r} is not a finite number >= 0{kind}; write e.g. "
-            f"'run:0.3'. {_HINT}"
+            f"{example}. {_HINT}"
         )
     return scale + 0.0  # -0.0 -> 0.0
 

@@ -36,6 +36,10 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
+    if args.policy is not None:  # this process only: the job's own sources are left alone
+        from . import _sources
+
+        _sources.configure_as(args.policy, "--policy")
     model = None
     if args.role:
         model = _RoleOnly()
@@ -83,6 +87,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             "environment"
         )
 
+    if args.policy is None:
+        return run_demo(models=args.models)
     return run_demo(policy=args.policy, models=args.models)
 
 
@@ -95,16 +101,31 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list registered and blocked plugins")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_plugins)
-    p = sub.add_parser("explain", help="explain the decision for a phase (and role)")
-    p.add_argument("--phase", required=True)
-    p.add_argument("--role", default=None)
+    p = sub.add_parser(
+        "explain",
+        help="explain the decision for a phase (and role)",
+        description="Say what decides MTP for a phase, from the policy sources of this "
+        "environment (MTP_HOOKS_POLICY, MTP_HOOKS_CONFIG), the installed plugins, or --policy.",
+    )
+    p.add_argument("--phase", required=True, help="train, eval, rollout or a declared phase")
+    p.add_argument("--role", default=None, help="a model role, e.g. teacher (default: none)")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="a compact policy string to explain instead of the environment's, e.g. "
+        "'train=run,eval=skip'",
+    )
     p.set_defaults(func=_cmd_explain)
     p = sub.add_parser("check-config", help="validate a TOML policy file or a policy string")
     p.add_argument("file", nargs="?", help="a TOML file with a [policy] table")
     p.add_argument("--policy", help="a compact policy string, e.g. 'train=run,eval=skip'")
     p.set_defaults(func=_cmd_check_config)
     p = sub.add_parser("demo", help="run MTP policies on tiny real megatron-core models (CPU)")
-    p.add_argument("--policy", default="train=run,eval=run+metrics,rollout=skip")
+    p.add_argument(
+        "--policy",
+        default=None,
+        help="the policy the demo runs (default: train=run+metrics,eval=skip,rollout=skip)",
+    )
     p.add_argument(
         "--models",
         default="gpt,hybrid",

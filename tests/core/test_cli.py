@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -229,3 +230,19 @@ def test_check_config_names_an_unknown_toml_key_and_every_other_error(tmp_path):
 def test_one_entry_is_one_entry():
     out = cli("check-config", "--policy", "train=run")
     assert out.returncode == 0 and "valid (1 entry)" in out.stdout
+
+
+def test_explain_takes_a_policy_of_its_own_and_names_it_in_errors():
+    out = cli("explain", "--phase", "eval", "--policy", "train=run,eval=skip")
+    assert out.returncode == 0, out.stderr
+    assert "config: skip (from --policy)" in out.stdout and "result: skip" in out.stdout
+    out = cli("explain", "--phase", "eval", "--policy", "eval=skp")
+    assert out.returncode == 2 and "--policy: key 'eval'" in out.stderr
+    assert "did you mean 'skip'?" in out.stderr
+
+
+def test_every_option_of_every_subcommand_says_what_it_takes():
+    for command in ("plugins", "explain", "check-config", "demo"):
+        out = cli(command, "--help")
+        options = re.findall(r"^  (--?[a-z-]+(?: [A-Z_]+)?)(.*)$", out.stdout, flags=re.M)
+        assert options and all(text.strip() for _, text in options), (command, options)

@@ -59,6 +59,19 @@ def test_a_bad_weight_names_the_source_and_changes_nothing(policy, message):
     assert mtp_hooks.decide(None, "train").loss_scale == 0.2
 
 
+@pytest.mark.parametrize(
+    ("policy", "example"),
+    [
+        ("train=run:abc", "write e.g. 'run:0.3'"),
+        ({"train": {"mtp": "run", "loss_scale": "0.3"}}, "write e.g. loss_scale = 0.3 (a number"),
+    ],
+)
+def test_a_bad_weight_is_shown_rewritten_in_the_spelling_it_came_in(policy, example):
+    with pytest.raises(mtp_hooks.PolicyError) as info:
+        mtp_hooks.configure(policy)
+    assert example in str(info.value)
+
+
 def test_a_zero_weight_is_a_run_and_the_error_for_bad_ones_points_to_skip():
     mtp_hooks.configure("train=run:0")
     assert mtp_hooks.decide(None, "train").run is True
