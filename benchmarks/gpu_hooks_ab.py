@@ -49,6 +49,7 @@ from gpu_mtp import (  # noqa: E402
     add_model_arguments,
     batch_and_steps,
     build_models,
+    check_device,
     time_steps,
     timed,
 )
@@ -119,6 +120,7 @@ def run(args) -> dict:
                 if r >= args.warmup:
                     for t, value in zip(TIMINGS, measured, strict=True):
                         times[case][t].append(value)
+            progress(r, args)
     ratios = {}
     for x, y in ((measured_case, baseline), (control, baseline)):
         ratios[f"{x}/{y}"] = {}
@@ -196,6 +198,7 @@ def run_change(args) -> dict:
                 ms = once(case)
                 if r >= args.warmup:
                     times[case].append(ms)
+            progress(r, args)
         profiles = {}
         if torch.cuda.is_available():
             from torch.profiler import ProfilerActivity, profile
@@ -266,6 +269,13 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def progress(r: int, args: argparse.Namespace) -> None:
+    """A line on stderr every tenth of the rounds, and after the warm-ups and the last round."""
+    total = args.warmup + args.rounds
+    if (r + 1) % max(1, total // 10) == 0 or r + 1 in (args.warmup, total):
+        print(f"round {r + 1}/{total} done", file=sys.stderr, flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(parser)
@@ -274,6 +284,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--out", default=None, help="folder for the results JSON")
     args = parser.parse_args()
+    check_device(args.device)
     result = run_change(args) if args.pair == "change" else run(args)
     print(json.dumps(result))
     print(change_table(result) if args.pair == "change" else table(result))

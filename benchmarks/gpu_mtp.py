@@ -113,6 +113,17 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run")
 
 
+def check_device(device: str) -> None:
+    """Stop with one line naming the fix where ``device`` is CUDA and this machine has none."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        sys.exit(
+            "gpu_mtp: no CUDA GPU is visible here (torch.cuda.is_available() is False). Run it "
+            "on a GPU machine, or pass --device cpu for a smoke run whose timings mean nothing."
+        )
+
+
 def build_models(args, *with_mtp: bool) -> list:
     """One rank of megatron, a zeroed MTP loss tracker, and a model per ``with_mtp`` flag;
     plugins from entry points stay out of the measurement."""
@@ -292,6 +303,7 @@ def main() -> None:
         results = [json.loads(open(p).read()) for p in args.plot]
         plot(results, args.out or "gpu_mtp.png")
         return
+    check_device(args.device)
     result = run(args)
     print(json.dumps(result))
     print(table(result))

@@ -289,3 +289,16 @@ def test_the_objective_arms_keep_cs_trunk_and_sampled_rollouts_carry_the_sampled
     assert arms["K"]["mtp_trained_steps"] == arms["C"]["mtp_trained_steps"] == 10
     assert "| K's and T's trunks end bit-identical to C's" in out.stdout
     assert "| Sampled: K or T at least C's after the shift" in out.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is visible: the benchmarks run")
+@pytest.mark.parametrize("name", ["gpu_mtp.py", "gpu_hooks_ab.py"])
+def test_a_gpu_benchmark_without_a_gpu_stops_with_one_line_naming_the_fix(name):
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / name), "--model", "gpt"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "no CUDA GPU is visible here" in out.stderr and "--device cpu" in out.stderr

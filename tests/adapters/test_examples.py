@@ -3,13 +3,36 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from mtp_hooks.demo import tiny_models
+
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_readme_examples_run_as_written_and_print_what_their_comments_say(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    blocks = [block for block in blocks if "@hookimpl" not in block]  # a plugin: test_docs.py
+    assert len(blocks) >= 2 and "tiny_models.build_gpt" in blocks[0]
+    script = tmp_path / "readme_examples.py"
+    script.write_text("\n".join(blocks))  # one script, in order, as a reader runs them
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    env["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env["MASTER_PORT"] = str(tiny_models.free_port())  # beside this run's own process group
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=240
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    said = re.findall(r"^print\(.*\)\s+# (.*)$", "\n".join(blocks), flags=re.M)
+    printed = out.stdout.splitlines()
+    assert printed[0] == said[0]  # the stats, exactly
+    assert float(printed[1]) == 0.0 and "0.0 untrained" in said[1]
 
 
 def test_the_drafter_loop_skips_mtp_once_it_drafts_well_and_trains_it_detached_after_a_shift():
