@@ -56,3 +56,9 @@ def test_the_drafter_loop_skips_mtp_once_it_drafts_well_and_trains_it_detached_a
     assert any(line.endswith("weight 0.3, detached") for line in after), lines
     assert lines[-1].endswith("train MTP skipped"), lines  # caught up again
     assert "'detached': " in out.stdout
+    # the user guide shows what it prints: every line it quotes, as printed
+    guide = (ROOT / "docs" / "user-guide.md").read_text()
+    quoted = re.search(r"It prints \(.*?\n```text\n(.*?)```", guide, flags=re.S)
+    assert quoted is not None
+    shown = [line for line in quoted.group(1).splitlines() if line != "..."]
+    assert shown and all(line in out.stdout.splitlines() for line in shown), shown
