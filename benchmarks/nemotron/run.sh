@@ -3,7 +3,9 @@
 #   run.sh stage            parts in /tmp/stage (made by bundle.sh) -> packages in /tmp/site,
 #                           Transformer Engine's torch extension built there (about 90 s)
 #   run.sh tests [ARGS]     tests/gpu (the Nemotron module by default) on the staged packages
-#   run.sh bench NAME ARGS  benchmarks/gpu_mtp.py --model nemotron --spec te ARGS
+#   run.sh bench NAME ARGS  benchmarks/gpu_mtp.py --model nemotron --spec te ARGS; NAME small or
+#                           large with no ARGS runs that size of docs/benchmarks.md's table
+#   run.sh demo             the README's demo with its Nemotron-3-shaped model, on the GPU
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -44,13 +46,28 @@ tests() {
     say "tests rc=$? $(tail -1 "$OUT/gpu_tests.log")"
 }
 
+# The two sizes of docs/benchmarks.md: Nemotron 3's layer kinds at about 0.3B and 1.4B, the
+# larger with Nemotron 3's vocabulary (131072) and its trunk pattern twice as deep.
+SMALL=(--hidden 1024 --ffn 1024 --vocab 32768 --experts 8 --pattern "M*MEME/*E/*E")
+LARGE=(--hidden 2048 --ffn 2048 --vocab 131072 --experts 8 --pattern "M*MEMEM*MEME/*E/*E")
+
 bench() {
     site_env
     local name="$1"; shift
+    if [ $# -eq 0 ] && [ "$name" = small ]; then set -- "${SMALL[@]}" --iters 30 --warmup 5; fi
+    if [ $# -eq 0 ] && [ "$name" = large ]; then set -- "${LARGE[@]}" --iters 30 --warmup 5; fi
     say "bench $name: $*"
     (cd "$REPO" && timeout -k 10 "${BENCH_TIMEOUT:-400}" python3 benchmarks/gpu_mtp.py --model nemotron \
         --spec te --out "$OUT/$name" "$@") >"$OUT/$name.log" 2>&1
     say "bench $name rc=$?"
+}
+
+demo() {
+    site_env
+    say "demo --models nemotron"
+    (cd "$REPO" && timeout -k 10 "${DEMO_TIMEOUT:-200}" python3 -m mtp_hooks demo --models nemotron) \
+        >"$OUT/demo.log" 2>&1
+    say "demo rc=$?"
 }
 
 "$@"

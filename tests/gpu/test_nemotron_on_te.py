@@ -1,15 +1,13 @@
 """A Nemotron-3-shaped ``HybridModel`` on Transformer Engine, bf16 and FP8, on one GPU.
 
-The model is megatron's own TE ``hybrid_stack_spec``: a trunk of Mamba-2, attention and MoE
-layers (``M*MEME``: sigmoid router with expert bias, grouped GEMM, all-to-all dispatcher) and
-two attention + MoE MTP depths (``/*E/*E``). Skipped without CUDA, Transformer Engine or
-mamba-ssm; the engine tests also need FlashAttention and causal-conv1d.
+The model is tests/gpu/nemotron_on_gpu.py's: megatron's own TE ``hybrid_stack_spec`` with a
+Mamba-2, attention and MoE trunk and two attention + MoE MTP depths. Skipped without CUDA,
+Transformer Engine or mamba-ssm; the engine tests also need FlashAttention and causal-conv1d.
 
-Where the arithmetic is the same the tests demand the same bits. Where a kernel is not
-deterministic (mamba-ssm's backward kernels add into their gradients atomically), a
-comparison is held against the same computation's own run-to-run spread: the model built
-without MTP, run twice on the same batch. Each such test prints, per parameter, its spread and
-its difference, so that a run records which kernels vary (docs/benchmarks.md).
+Where the arithmetic is the same the tests demand the same bits; elsewhere a comparison is
+held against the same computation's own run-to-run spread (the model built without MTP, run
+twice on the same batch). CUDA graphs, activation recompute and megatron's distributed
+checkpoint on this model are in test_nemotron_training_machinery.py.
 """
 
 from __future__ import annotations
@@ -29,6 +27,17 @@ import mtp_hooks  # noqa: E402
 from mtp_hooks.demo import nemotron_models, tiny_models  # noqa: E402
 
 from model_fixtures import has_detach_field, has_transformer_engine  # noqa: E402
+from nemotron_on_gpu import (  # noqa: E402
+    DEPTHS,
+    PATTERN,
+    batch,
+    build,
+    grads_of,
+    spec,
+    trunk,
+    trunk_twin,
+    within_spread,
+)
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "rl_drafter"))
 
@@ -42,86 +51,6 @@ pytestmark = [
     ),
     pytest.mark.usefixtures("nemotron_tracker"),
 ]
-
-PATTERN = "M*MEME/*E/*E"
-TRUNK, DEPTHS = PATTERN.split("/")[0], PATTERN.count("/")
-SEQ, BATCH, VOCAB = 128, 2, 1024
-
-
-@pytest.fixture
-def nemotron_tracker(cuda_mtp_tracker):
-    tiny_models.reset_mtp_loss_tracker(num_layers=DEPTHS, device="cuda")
-
-
-def spec() -> tiny_models.TinySpec:
-    return tiny_models.TinySpec(
-        hidden_size=256,
-        num_attention_heads=4,
-        ffn_hidden_size=512,
-        vocab_size=VOCAB,
-        seq_length=SEQ,
-        rmsnorm=True,
-        bias=False,
-        params_dtype=torch.bfloat16,
-    )
-
-
-def build(pattern: str = PATTERN, recipe: str = "bf16", seed: int = 0, **kwargs):
-    fp8 = {} if recipe == "bf16" else {"fp8": "hybrid", "fp8_recipe": recipe}
-    torch.manual_seed(seed)
-    model = nemotron_models.build_nemotron(
-        spec(), pattern=pattern, transformer_impl="transformer_engine", **fp8, **kwargs
-    )
-    return model.cuda()
-
-
-def trunk_twin(model, **kwargs):
-    plain = build(TRUNK, **kwargs)
-    trunk = {k: v for k, v in model.state_dict().items() if not k.startswith("mtp.")}
-    missing, unexpected = plain.load_state_dict(trunk, strict=False)
-    assert [k for k in missing if not k.endswith("_extra_state")] == [] and unexpected == []
-    return plain
-
-
-def batch(seed: int = 7):
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    ids = torch.randint(0, VOCAB, (BATCH, SEQ), device="cuda", generator=g)
-    pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(BATCH, -1)
-    return ids, pos, torch.roll(ids, -1, dims=1)
-
-
-def grads_of(model, data) -> tuple[torch.Tensor, dict]:
-    ids, pos, labels = data
-    model.zero_grad(set_to_none=True)
-    model.train()
-    loss = model(ids, pos, None, labels=labels)
-    loss.float().sum().backward()
-    return loss.detach(), {
-        n: None if p.grad is None else p.grad.detach().float().clone()
-        for n, p in model.named_parameters()
-    }
-
-
-def trunk(grads: dict) -> dict:
-    return {n: g for n, g in grads.items() if not n.startswith("mtp.")}
-
-
-def within_spread(label: str, got: dict, reference: dict, again: dict) -> list[str]:
-    """Print each parameter's run-to-run spread (``reference`` against ``again``) and ``got``'s
-    difference from ``reference``; return the parameters whose difference exceeds the spread
-    by more than a factor of two (or differ at all where the spread is zero)."""
-    over, varying = [], []
-    for name, ref in reference.items():
-        spread = (ref - again[name]).abs().max().item()
-        diff = (ref - got[name]).abs().max().item()
-        if spread > 0:
-            varying.append(name)
-        if diff > 2 * spread:
-            over.append(f"{name}: diff {diff:.3g} spread {spread:.3g}")
-        if diff > 0 or spread > 0:
-            print(f"[{label}] {name}: diff {diff:.3g} spread {spread:.3g}")
-    print(f"[{label}] {len(varying)}/{len(reference)} parameters vary run to run: {varying}")
-    return over
 
 
 def test_a_skip_gives_the_trunks_logits_bit_for_bit_and_its_gradients_within_their_spread():
