@@ -208,10 +208,10 @@ def unwrap(model: Any) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
         while not isinstance(obj, classes):
             if hasattr(obj, "_orig_mod"):
                 raise UnsupportedModelError(
-                    "mtp_hooks.attach: got a torch.compile'd model; forward hooks with "
-                    "always_call=True do not run under torch.compile when forward raises, so "
-                    "the MTP gates could stay toggled. Attach to the uncompiled model and do "
-                    "not wrap it in torch.compile."
+                    "mtp_hooks.attach: got a torch.compile'd model. dynamo does not see hooks "
+                    "added to a model it has already traced, so the policy would not apply: "
+                    "attach the model itself, then compile it (model = torch.compile(model) "
+                    "after mtp_hooks.attach(model))."
                 )
             inner = getattr(obj, "module", None)
             if not isinstance(inner, torch.nn.Module):

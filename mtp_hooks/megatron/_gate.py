@@ -19,6 +19,13 @@ Both hooks run at every forward, so they are written for speed (docs/benchmarks.
 bound once, the plan cached per phase, one lock per call unless the call changes a gate, and
 the record of a call that changes nothing built inline (each function call costs a few
 percent of the run path's goal).
+
+Under ``torch.compile`` dynamo traces a module's hooks with its forward. The gate's work (a
+lock, the thread's frames, the policy's sources) is Python that no graph can hold, so each hook
+hands itself, first thing, to a ``torch.compiler.disable``d twin when dynamo is tracing it:
+the decision runs eagerly, before and after the forward's graphs, and changes only the
+instance attributes dynamo guards on. The check is the one call the run path already paid
+for; a wrapper around the registered hooks would cost a quarter of the run path's budget.
 """
 
 from __future__ import annotations
@@ -188,6 +195,8 @@ class MTPGate:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
             MTPHooksError: Another thread runs this model with gates this call must change.
         """
+        if _is_compiling():  # dynamo is tracing this call: decide outside its graphs
+            return _pre_hook_eagerly(self, module, args, kwargs)
         if owner is None:  # torch's frame running this call, named by this thread's generator
             try:
                 owner = next(_threads.resumer)
@@ -250,8 +259,6 @@ class MTPGate:
         if inference:
             self.counters("inference")[_UNTOUCHED] += 1
             return None
-        if _is_compiling():
-            _refusals.refuse_compiling()
         if records:  # the gates a running call set are not this call's
             mtp_process, config = self.base[_MTP_PROCESS], self.base[_CONFIG]
         else:
@@ -324,16 +331,25 @@ class MTPGate:
         self.objectives.request(module, _objectives.Call(request, kind, temperature, factor))
 
     def post_hook(
-        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+        self,
+        module: torch.nn.Module,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        output: Any,
+        caller: FrameType | None = None,
     ) -> Any:
-        """Restore this call's gates first; then settle DDP state after a completed skip."""
+        """Restore this call's gates first; then settle DDP state after a completed skip.
+        ``caller``: the frame running the call, where torch did not call the hook itself."""
+        if _is_compiling():  # dynamo is tracing this call: restore outside its graphs
+            return _post_hook_eagerly(self, module, args, kwargs, output)
         records = self.records
         try:
             top: _call_stack.CallRecord | None = records[-1]
         except IndexError:
             top = None
         if top is None or top[_KWARGS] is not kwargs:  # threads interleave, forward raised, or a
-            top = self._pop_and_restore(module, kwargs, _getframe(1))  # later hook replaced kwargs
+            caller = caller or _getframe(1)  # later hook replaced kwargs
+            top = self._pop_and_restore(module, kwargs, caller)
         else:
             restore = top[_RESTORE]
             if restore is None:  # the call's own record, which changed nothing: list.remove is
@@ -519,3 +535,39 @@ class MTPGate:
         if counters is None:  # threads planning a new phase at once must share one list
             counters = self.counts.setdefault(phase, _phase_plan.new_counters())
         return counters
+
+
+# -- under torch.compile ---------------------------------------------------------------------
+
+
+def _traced_hooks_caller(name: str) -> FrameType | None:
+    """The frame that called the gate's hook ``name`` while dynamo traced it: the frame running
+    the model's call, alive until the call ends, as the frame torch calls a hook from is.
+    ``None`` where it is not on this thread's stack (the hook then names its own caller)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == name and code.co_filename == __file__:
+            return frame.f_back
+        frame = frame.f_back
+    return None
+
+
+@torch.compiler.disable
+def _pre_hook_eagerly(
+    gate: MTPGate, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """:meth:`MTPGate.pre_hook`, run outside dynamo's graphs."""
+    return gate.pre_hook(module, args, kwargs, _traced_hooks_caller("pre_hook"))
+
+
+@torch.compiler.disable
+def _post_hook_eagerly(
+    gate: MTPGate,
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    output: Any,
+) -> Any:
+    """:meth:`MTPGate.post_hook`, run outside dynamo's graphs."""
+    return gate.post_hook(module, args, kwargs, output, _traced_hooks_caller("post_hook"))

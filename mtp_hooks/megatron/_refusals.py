@@ -97,15 +97,6 @@ def check_callers_own_skip(model: Any, plan: Any) -> None:
         )
 
 
-def refuse_compiling() -> None:
-    """A gated forward that dynamo is tracing."""
-    raise UnsupportedModelError(
-        "mtp_hooks: a gated model is running under torch.compile, where forward hooks "
-        "with always_call=True do not run when forward raises. Run it uncompiled, or "
-        "mtp_hooks.detach() it first."
-    )
-
-
 def refuse_ep_overlap(what: str) -> None:
     """A training decision (``what``: ``"skip"``, or the options a run asks for) that the
     combined 1F1B schedule cannot follow (:func:`._phase_plan.check_policy` says why)."""

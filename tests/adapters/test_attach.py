@@ -130,12 +130,6 @@ def test_a_model_whose_mtp_was_turned_off_elsewhere_is_left_alone(build, batch, 
     assert counting.calls == []
 
 
-def test_a_compiled_model_is_refused(build):
-    model = build()
-    with pytest.raises(mtp_hooks.UnsupportedModelError, match="torch.compile"):
-        mtp_hooks.attach(torch.compile(model))
-
-
 def test_metrics_in_a_layout_with_a_standalone_mtp_stage_are_refused_at_attach(build):
     model = build()  # as the MTP stage (tests/distributed/test_standalone_mtp_stage.py: both)
     model.config = config = copy.copy(model.config)
@@ -275,26 +269,6 @@ def test_a_pipeline_stage_without_mtp_is_attached_and_never_touched(batch, voter
     counting = voter(False, "counting")
     stage(*batch.args(), labels=batch.labels)
     assert handle.gated == [] and counting.calls == [] and handle.stats() == {}
-
-
-def test_compiling_an_attached_model_keeps_the_hooks_eager_and_restores_on_errors(
-    build, batch, count_mtp
-):
-    # The hooks run outside the compiled region (where a hook under tracing would see
-    # torch.compiler.is_compiling() and refuse), so skips apply and errors still restore.
-    model = build()
-    counter = count_mtp(model)
-    config = model.config
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("train=skip")
-    compiled = torch.compile(model, backend="eager")
-    compiled(*batch.args(), labels=batch.labels)
-    with pytest.raises(RuntimeError):
-        compiled(
-            batch.input_ids[:, :3], batch.position_ids, batch.attention_mask, labels=batch.labels
-        )
-    assert counter.n == 0 and handle.stats()["train"]["skip"] >= 1
-    assert model.mtp_process is True and model.config is config
 
 
 def test_a_role_set_on_the_wrapper_reaches_the_model_inside(build):

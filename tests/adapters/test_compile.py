@@ -1,0 +1,202 @@
+"""An attached model under ``torch.compile``, compiled after ``attach``, on a CPU.
+
+dynamo traces a module's hooks with its forward. The gate's hooks hand themselves to
+``torch.compiler.disable``d twins when traced, so the decision runs eagerly at the model's
+call boundary and the forward's graphs are those of the model without hooks, op for op.
+``torch._dynamo.explain`` and dynamo's counters say what it compiled and where it broke a
+graph; the ``eager`` backend keeps the tests fast and compiles the same graphs dynamo would
+hand to inductor.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+
+import pytest
+import torch
+
+import mtp_hooks
+from mtp_hooks.demo import tiny_models
+
+dynamo = pytest.importorskip("torch._dynamo")
+from torch._dynamo.utils import counters  # noqa: E402
+
+# What dynamo says when it meets a hook it must run outside its graphs: the breaks the gate's
+# hooks cost, at the model's call boundary, where no graph of the forward is cut.
+AT_THE_HOOKS = "Skip calling `torch.compiler.disable()`d function"
+
+
+def forward(model, batch, phase: str):
+    """One forward of ``model`` in ``phase``: a training step with its backward, an
+    evaluation with labels, or a rollout's log-prob pass."""
+    if phase == "train":
+        model.train()
+        return model(*batch.args(), labels=batch.labels).sum().backward()
+    model.eval()
+    with torch.no_grad():
+        if phase == "eval":
+            return model(*batch.args(), labels=batch.labels)
+        with mtp_hooks.phase("rollout"):
+            return model(*batch.args())
+
+
+def explained(model, batch, phase: str) -> tuple[list[int], list[tuple[str, str]]]:
+    """What dynamo makes of one forward of ``model`` in ``phase`` (training's without its
+    backward): the number of operations in each graph, and each graph break's reason and the
+    line of user code it broke at."""
+    dynamo.reset()
+    model.train(phase == "train")
+    labels = None if phase == "rollout" else batch.labels
+    with contextlib.ExitStack() as blocks:
+        if phase != "train":
+            blocks.enter_context(torch.no_grad())
+        if phase == "rollout":
+            blocks.enter_context(mtp_hooks.phase("rollout"))
+        explanation = dynamo.explain(model)(*batch.args(), labels=labels)
+    breaks = [
+        (r.reason.splitlines()[0], f"{r.user_stack[-1].filename}:{r.user_stack[-1].lineno}")
+        for r in explanation.break_reasons
+    ]
+    return [len(ops) for ops in explanation.ops_per_graph], breaks
+
+
+def break_reasons(model, batch, phase: str) -> collections.Counter:
+    """The reasons dynamo gives for the graph breaks of one compiled forward of ``model`` in
+    ``phase``, counted by first line, wherever they fall (at the hooks too)."""
+    dynamo.reset()
+    counters.clear()
+    forward(torch.compile(model, backend="eager"), batch, phase)
+    reasons: collections.Counter = collections.Counter()
+    for reason, n in counters["graph_break"].items():
+        reasons[reason.splitlines()[0]] += n
+    return reasons
+
+
+@pytest.fixture(autouse=True)
+def fresh_dynamo():
+    yield
+    dynamo.reset()
+
+
+@pytest.mark.parametrize(
+    ("phase", "decision"),
+    [("train", "run"), ("train", "skip"), ("eval", "skip"), ("rollout", "skip"), ("eval", "run")],
+)
+def test_an_attached_model_compiles_to_the_graphs_of_the_same_model_without_hooks(
+    build, batch, count_mtp, phase, decision
+):
+    # the reference: the same model before attach for a run, the trunk built without MTP for
+    # a skip (the gates make the MTP model compute exactly that trunk); it has run once
+    # eagerly, so that megatron's first-call state (its loss tracker's keys) is settled
+    model = build()
+    counter = count_mtp(model)
+    spec = tiny_models.TinySpec(seq_length=16, vocab_size=128, mtp_num_layers=None)
+    reference = model if decision == "run" else build(spec=spec)
+    forward(reference, batch, phase)
+    graphs, breaks = explained(reference, batch, phase)
+    reasons = break_reasons(reference, batch, phase)
+    before = counter.n
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure(f"{phase}={decision}")
+    assert explained(model, batch, phase) == (graphs, breaks)  # op for op, break for break
+    assert not any("mtp_hooks" in where for _, where in breaks)
+    # beyond megatron's own, dynamo breaks only where it meets the hooks (before and after the
+    # forward's graphs, which explain() above finds unchanged)
+    extra = break_reasons(model, batch, phase) - reasons
+    assert set(extra) <= {AT_THE_HOOKS}, extra
+    assert counter.n - before == (2 if decision == "run" else 0)
+    assert handle.stats() == {phase: {decision: 2}}
+    assert model.mtp_process is True and handle.gates[0].records == []
+
+
+def test_a_changed_decision_compiles_once_per_decision_and_then_reuses_its_graphs(
+    build, batch, count_mtp
+):
+    model = build()
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    compiled = torch.compile(model, backend="eager")
+    dynamo.reset()
+    counters.clear()
+    seen = []
+    for _round in range(3):
+        for decision in ("run", "skip"):
+            mtp_hooks.configure(f"train={decision}")
+            before = counter.n
+            forward(compiled, batch, "train")
+            assert (counter.n > before) is (decision == "run")
+        seen.append(counters["stats"]["unique_graphs"])
+    # round two recompiles megatron's save_metrics_to_tracker once (its tracker has keys after
+    # the first MTP forward, as in a model without hooks); from then on nothing compiles
+    assert seen[0] > 0 and seen[1] == seen[2]
+    assert handle.stats() == {"train": {"run": 3, "skip": 3}}
+
+
+def test_a_compiled_forward_that_raises_restores_the_gates(build, batch, count_mtp):
+    model = build()
+    shared = model.config
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    compiled = torch.compile(model, backend="eager")
+    forward(compiled, batch, "train")
+    bad = batch.input_ids.clone()
+    bad[0, 0] = 10**6  # the embedding's lookup fails when the graph runs, not while traced
+    model.train()
+    with pytest.raises((IndexError, RuntimeError)):
+        compiled(bad, batch.position_ids, batch.attention_mask, labels=batch.labels)
+    assert model.mtp_process is True and model.config is shared
+    assert handle.gates[0].records == []
+    mtp_hooks.configure("train=run")
+    forward(compiled, batch, "train")
+    assert counter.n == 1 and handle.stats() == {"train": {"skip": 2, "run": 1}}
+
+
+def test_ctrl_c_in_a_compiled_forward_is_repaired_by_the_next_forward(build, batch, count_mtp):
+    model = build()
+    shared = model.config
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    compiled = torch.compile(model, backend="eager")
+    forward(compiled, batch, "train")
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    hook = model.decoder.register_forward_hook(interrupt)
+    model.train()
+    with pytest.raises(KeyboardInterrupt):
+        compiled(*batch.args(), labels=batch.labels)
+    hook.remove()
+    mtp_hooks.configure("train=run")
+    seen = []
+    model.decoder.register_forward_pre_hook(
+        lambda *_: seen.append((model.mtp_process, model.config is shared))
+    )
+    forward(compiled, batch, "train")
+    assert seen[-1] == (True, True) and counter.n == 1
+    assert model.mtp_process is True and model.config is shared
+    assert handle.gates[0].records == []
+
+
+def test_a_model_already_compiled_is_refused_naming_the_order_that_works(build):
+    model = build()
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="attach the model itself"):
+        mtp_hooks.attach(torch.compile(model, backend="eager"))
+    assert not model._forward_pre_hooks
+
+
+def test_remove_after_compiled_forwards_gives_megatrons_own_mtp_back(build, batch, count_mtp):
+    model = build()
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("train=skip")
+    compiled = torch.compile(model, backend="eager")
+    forward(compiled, batch, "train")
+    assert counter.n == 0 and handle.stats() == {"train": {"skip": 1}}
+    handle.remove()
+    forward(compiled, batch, "train")  # the policy still says skip; nothing consults it now
+    assert counter.n == 1
+    assert not model._forward_pre_hooks and not model._forward_hooks
