@@ -50,7 +50,7 @@ tests() {
     say "tests rc=$? $(tail -1 "$OUT/gpu_tests.log")"
 }
 
-# The two sizes of docs/benchmarks.md: Nemotron 3's layer kinds at about 0.3B and 1.4B, the
+# The two sizes of docs/benchmarks.md: Nemotron 3's layer kinds at 0.21B and 1.38B, the
 # larger with Nemotron 3's vocabulary (131072) and its trunk pattern twice as deep.
 SMALL=(--hidden 1024 --ffn 1024 --vocab 32768 --experts 8 --pattern "M*MEME/*E/*E")
 LARGE=(--hidden 2048 --ffn 2048 --vocab 131072 --experts 8 --pattern "M*MEMEM*MEME/*E/*E")

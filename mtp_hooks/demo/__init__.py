@@ -73,18 +73,20 @@ def _measure(model: Any, label: str, handle: Any, phase: str, step: Callable[[],
     from . import tiny_models
 
     depths = model.config.mtp_num_layers or 1
+    device = next(model.parameters()).device  # megatron adds each MTP loss into the tracker
     mtp_forwards = tiny_models.MTPForwards(model)
     decision = _decision.decide(model, phase)
     ran, recorded = [], []
     try:
         for _ in range(REPEATS):
-            tiny_models.reset_mtp_loss_tracker(num_layers=depths)
+            tiny_models.reset_mtp_loss_tracker(num_layers=depths, device=device)
             before = mtp_forwards.n
             step()
             ran.append(mtp_forwards.n > before)
             recorded.append(tiny_models.recorded_mtp_loss() > 0)
     except Exception as exc:  # megatron itself failed (e.g. 0.16 MTP needs labels): show it
         failed = f"megatron raised {type(exc).__name__}"
+        _progress(f"{label}, {phase}: {type(exc).__name__}: {exc}")
         return Row(
             label,
             phase,

@@ -135,11 +135,14 @@ def test_detach_is_refused_under_live_local_graphs_and_holds_once_they_are_toggl
 def te_graphed(seed: int):
     """The model in megatron's DDP with its attention and Mamba layers captured by Transformer
     Engine before the first step, as megatron's training loop captures them."""
+    from megatron.core import num_microbatches_calculator as num_microbatches
     from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
     from megatron.core.transformer.cuda_graphs import TECudaGraphHelper
 
     model = build(seed=seed, cuda_graph_impl="transformer_engine", cuda_graph_modules=GRAPHED)
     ddp = DistributedDataParallel(model.config, DistributedDataParallelConfig(), model)
+    num_microbatches.unset_num_microbatches_calculator()  # the helper counts microbatches
+    num_microbatches.init_num_microbatches_calculator(0, None, BATCH, BATCH, 1)
     helper = TECudaGraphHelper([ddp], model.config, SEQ, BATCH)
     helper.create_cudagraphs()
     graphed = [m for m in model.modules() if getattr(m, "cuda_graphs", None)]
