@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -133,14 +134,29 @@ def test_a_changed_decision_compiles_once_per_decision_and_then_reuses_its_graph
     assert handle.stats() == {"train": {"run": 3, "skip": 3}}
 
 
-def test_a_compiled_forward_that_raises_restores_the_gates(build, batch, count_mtp):
+class Compiled(NamedTuple):
+    """An attached model, compiled after attach, that has skipped MTP in one training step."""
+
+    model: torch.nn.Module
+    shared: object  # the model's own config
+    counter: tiny_models.MTPForwards
+    handle: mtp_hooks.AttachHandle
+    compiled: torch.nn.Module
+
+
+@pytest.fixture
+def compiled_skipping(build, batch, count_mtp) -> Compiled:
     model = build()
-    shared = model.config
-    counter = count_mtp(model)
+    shared, counter = model.config, count_mtp(model)
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     compiled = torch.compile(model, backend="eager")
     forward(compiled, batch, "train")
+    return Compiled(model, shared, counter, handle, compiled)
+
+
+def test_a_compiled_forward_that_raises_restores_the_gates(compiled_skipping, batch):
+    model, shared, counter, handle, compiled = compiled_skipping
     bad = batch.input_ids.clone()
     bad[0, 0] = 10**6  # the embedding's lookup fails when the graph runs, not while traced
     model.train()
@@ -153,14 +169,8 @@ def test_a_compiled_forward_that_raises_restores_the_gates(build, batch, count_m
     assert counter.n == 1 and handle.stats() == {"train": {"skip": 2, "run": 1}}
 
 
-def test_ctrl_c_in_a_compiled_forward_is_repaired_by_the_next_forward(build, batch, count_mtp):
-    model = build()
-    shared = model.config
-    counter = count_mtp(model)
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("train=skip")
-    compiled = torch.compile(model, backend="eager")
-    forward(compiled, batch, "train")
+def test_ctrl_c_in_a_compiled_forward_is_repaired_by_the_next_forward(compiled_skipping, batch):
+    model, shared, counter, handle, compiled = compiled_skipping
 
     def interrupt(*_):
         raise KeyboardInterrupt
