@@ -75,9 +75,8 @@ __all__ = [
     "set_role",
 ]
 
-# Names that moved to their one home; importable from here, with a DeprecationWarning, until
-# the release after next (CHANGELOG.md).
-_MOVED = {
+# Where the names that live in a submodule are, for the error of someone who looks for them here.
+_ELSEWHERE = {
     "hookimpl": "mtp_hooks.plugins",
     "hookspec": "mtp_hooks.plugins",
     "register": "mtp_hooks.plugins",
@@ -97,28 +96,9 @@ def __getattr__(name: str) -> Any:
             return version("mtp-hooks")
         except PackageNotFoundError:
             return "0+unknown"
-    home = _MOVED.get(name)
-    if home is None and name == "PluginLoadError":
-        home, new = "mtp_hooks", "PluginError"
-    else:
-        new = name
-    if home is not None:
-        import importlib
-        import sys
-        import warnings
-
-        # ``from mtp_hooks import name`` first asks ``hasattr`` (importlib's _handle_fromlist,
-        # looking for a submodule of that name), then gets the attribute: warn only then, so
-        # every way of reaching a moved name warns once.
-        if sys._getframe(1).f_code.co_name == "_handle_fromlist":
-            return getattr(importlib.import_module(home), new)
-        warnings.warn(
-            f"mtp_hooks.{name} is deprecated; use {home}.{new}",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(home), new)
-    raise AttributeError(f"module 'mtp_hooks' has no attribute {name!r}")
+    home = _ELSEWHERE.get(name)
+    hint = f"; import it from {home}" if home is not None else ""
+    raise AttributeError(f"module 'mtp_hooks' has no attribute {name!r}{hint}")
 
 
 def __dir__() -> list[str]:

@@ -61,21 +61,6 @@ def test_a_bad_policy_is_one_error_line_before_anything_is_built():
     )
 
 
-def test_the_0_1_import_path_of_tiny_models_still_works_and_says_where_it_moved():
-    code = (
-        "import warnings; warnings.simplefilter('error')\n"
-        "try:\n    import mtp_hooks.tiny_models\nexcept DeprecationWarning as w: print(w)\n"
-        "warnings.simplefilter('ignore')\n"
-        "import mtp_hooks.tiny_models as old, mtp_hooks.demo.tiny_models as new\n"
-        "print(old.build_gpt is new.build_gpt)\n"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert out.stdout.splitlines() == [
-        "mtp_hooks.tiny_models moved to mtp_hooks.demo.tiny_models; import it from there",
-        "True",
-    ], out.stderr
-
-
 TEARDOWN_SCRIPT = """
 import atexit, torch
 from mtp_hooks.demo import tiny_models

@@ -144,16 +144,7 @@ def test_reset_replaces_every_store_at_once_and_cached_decisions_cannot_survive_
         mtp_hooks.decide(None, "distill")
 
 
-API_0_1 = {  # every name 0.1 exported: users import them, so each stays importable
-    "AttachHandle", "Decision", "DecisionMismatchError", "MTPHooksError", "Phase",
-    "PluginLoadError", "PolicyConflictError", "PolicyError", "UnsupportedModelError", "attach",
-    "configure", "current_phase", "decide", "declare_phase", "detach", "explain", "freeze_mtp",
-    "get_plugin_manager", "hookimpl", "hookspec", "list_plugins", "phase", "register", "reset",
-    "role_of", "set_role", "unregister",
-}  # fmt: skip
-
-
-MOVED = {  # 0.1 names whose one home is now a submodule: importable from the root, deprecated
+ELSEWHERE = {  # names that live in a submodule, and that submodule
     "get_plugin_manager": "plugins", "hookimpl": "plugins", "hookspec": "plugins",
     "list_plugins": "plugins", "register": "plugins", "unregister": "plugins",
     "reset": "testing",
@@ -177,17 +168,15 @@ def test_each_public_name_has_one_home():
     assert mtp_hooks.plugins.hookspec is mtp_hooks.hookspecs.hookspec
 
 
-def test_every_0_1_name_is_still_importable_from_the_package_and_moved_ones_say_where_to():
+def test_a_name_looked_for_at_the_root_that_lives_in_a_submodule_is_named_with_its_home():
     import importlib
 
-    for name in API_0_1 - set(MOVED) - {"PluginLoadError"}:
-        assert name in mtp_hooks.__all__ and getattr(mtp_hooks, name) is not None
-    for name, home in MOVED.items():
-        with pytest.warns(DeprecationWarning, match=f"use mtp_hooks.{home}.{name}"):
-            moved = getattr(mtp_hooks, name)
-        assert moved is getattr(importlib.import_module(f"mtp_hooks.{home}"), name)
-    with pytest.warns(DeprecationWarning, match="use mtp_hooks.PluginError"):
-        assert mtp_hooks.PluginLoadError is mtp_hooks.PluginError
+    for name, home in ELSEWHERE.items():
+        assert getattr(importlib.import_module(f"mtp_hooks.{home}"), name) is not None
+        with pytest.raises(AttributeError, match=f"import it from mtp_hooks.{home}"):
+            getattr(mtp_hooks, name)
+    with pytest.raises(AttributeError, match="has no attribute 'PluginLoadError'$"):
+        mtp_hooks.PluginLoadError  # noqa: B018  (0.1's name of PluginError, never released)
 
 
 def test_a_reset_clears_plugin_settings_and_runs_reset_callbacks_held_weakly():
@@ -232,20 +221,3 @@ def test_errors_print_under_the_name_they_are_imported_by():
 def test_the_package_has_a_version_and_lists_it():
     assert mtp_hooks.__version__ == importlib.metadata.version("mtp-hooks")
     assert {"attach", "AttachHandle", "freeze_mtp", "__version__", "decide"} <= set(dir(mtp_hooks))
-
-
-@pytest.mark.parametrize("name", [*MOVED, "PluginLoadError"])
-@pytest.mark.parametrize(
-    "how",
-    ["from mtp_hooks import {name}", "import mtp_hooks; mtp_hooks.{name}",
-     "import mtp_hooks; getattr(mtp_hooks, {name!r})"],
-)  # fmt: skip
-def test_every_way_of_reaching_a_moved_name_warns_exactly_once(name, how):
-    import warnings
-
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        exec(how.format(name=name), {})
-    messages = [str(w.message) for w in caught if w.category is DeprecationWarning]
-    assert len(messages) == 1 and f"mtp_hooks.{name} is deprecated" in messages[0]
-    assert caught[0].filename == "<string>"  # the warning points at the line that asked
