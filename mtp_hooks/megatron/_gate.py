@@ -544,7 +544,7 @@ def _traced_hooks_caller(name: str) -> FrameType | None:
     """The frame that called the gate's hook ``name`` while dynamo traced it: the frame running
     the model's call, alive until the call ends, as the frame torch calls a hook from is.
     ``None`` where it is not on this thread's stack (the hook then names its own caller)."""
-    frame = sys._getframe(2)
+    frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
         if code.co_name == name and code.co_filename == __file__:
@@ -553,7 +553,7 @@ def _traced_hooks_caller(name: str) -> FrameType | None:
     return None
 
 
-@torch.compiler.disable
+@torch.compiler.disable  # type: ignore[untyped-decorator]
 def _pre_hook_eagerly(
     gate: MTPGate, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
@@ -561,7 +561,7 @@ def _pre_hook_eagerly(
     return gate.pre_hook(module, args, kwargs, _traced_hooks_caller("pre_hook"))
 
 
-@torch.compiler.disable
+@torch.compiler.disable  # type: ignore[untyped-decorator]
 def _post_hook_eagerly(
     gate: MTPGate,
     module: torch.nn.Module,
