@@ -12,10 +12,14 @@ import pytest
 
 from mtp_hooks.demo import tiny_models
 
+from model_fixtures import has_detach_field
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_readme_examples_run_as_written_and_print_what_their_comments_say(tmp_path):
+    if not has_detach_field():
+        pytest.skip("the README's second example trains +detach: megatron-core 0.19 on")
     readme = (ROOT / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
     blocks = [block for block in blocks if "@hookimpl" not in block]  # a plugin: test_docs.py
