@@ -36,7 +36,10 @@ def test_the_readme_examples_run_as_written_and_print_what_their_comments_say(tm
     said = re.findall(r"^print\(.*\)\s+# (.*)$", "\n".join(blocks), flags=re.M)
     printed = out.stdout.splitlines()
     assert printed[0] == said[0]  # the stats, exactly
-    assert float(printed[1]) == 0.0 and "0.0 untrained" in said[1]
+    # An untrained drafter of a 128-token vocabulary agrees with the trunk by chance alone,
+    # about once in 128 positions: far below one accepted draft per step.
+    assert "near 0 untrained" in said[1]
+    assert 0.0 <= float(printed[1]) < 0.25
 
 
 def test_the_drafter_loop_skips_mtp_once_it_drafts_well_and_trains_it_detached_after_a_shift():
