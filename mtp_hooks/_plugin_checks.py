@@ -1,5 +1,5 @@
-"""What the registry checks of plugins: that an object is one, how it hooks in, its phases,
-whether its votes may be cached."""
+"""What the registry checks of plugins: that an object is one, how it hooks in, its answers,
+its phases, whether its votes may be cached."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any, TypeVar
 import pluggy
 
 from ._errors import PluginError, PolicyError
+from .hookspecs import OBJECTIVES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -55,27 +56,48 @@ def hook_options(pm: pluggy.PluginManager, plugin: object) -> dict[str, dict[str
     return found
 
 
-def declared_phases(impls: Iterable[Any]) -> frozenset[str]:
-    """The phase names the ``declare_phases`` implementations return, validated by plugin.
+def check_vote(plugin: str, hook: str, vote: Any) -> bool | None:
+    """``vote``, once it is ``True``, ``False`` or ``None`` (abstain); else :class:`PolicyError`
+    naming the plugin and the hook."""
+    if vote is not None and not isinstance(vote, bool):
+        raise PolicyError(
+            f"plugin {plugin!r}: {hook} returned {vote!r}; it must return True, False or None "
+            "(abstain)"
+        )
+    return vote
+
+
+def check_objective(plugin: str, answer: Any) -> str | None:
+    """``answer`` to ``mtp_objective``, once it is one of the objectives or ``None``."""
+    if answer is not None and answer not in OBJECTIVES:
+        raise PolicyError(
+            f"plugin {plugin!r}: mtp_objective returned {answer!r}; it must return "
+            "'ce', 'kl', 'tv' or None (abstain)"
+        )
+    return None if answer is None else str(answer)
+
+
+def declared_phases(answers: Iterable[tuple[str, Any]]) -> frozenset[str]:
+    """The phase names of the ``declare_phases`` answers, ``(plugin name, answer)`` pairs,
+    validated by plugin.
 
     Raises:
         PolicyError: Naming the plugin, for a bare string, a non-iterable or a name that is not
             an identifier.
     """
     names: set[str] = set()
-    for impl in impls:
-        result = impl.function()
+    for plugin, result in answers:
         if result is None:
             continue
         if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
             raise PolicyError(
-                f"mtp_hooks plugin {impl.plugin_name!r}: declare_phases returned "
+                f"mtp_hooks plugin {plugin!r}: declare_phases returned "
                 f"{result!r}; return a list of phase names, e.g. [{result!r}]"
             )
         for name in result:
             if not isinstance(name, str) or not name.isidentifier():
                 raise PolicyError(
-                    f"mtp_hooks plugin {impl.plugin_name!r}: declare_phases returned "
+                    f"mtp_hooks plugin {plugin!r}: declare_phases returned "
                     f"the invalid phase name {name!r}; use identifiers such as 'distill'"
                 )
             names.add(name)

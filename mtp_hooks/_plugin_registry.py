@@ -1,9 +1,12 @@
 """The plugin registry: a ``pluggy.PluginManager`` with typed calls of each hook, entry-point
 loading and the checks every plugin passes; :func:`registry` returns the process's one.
 
-It is the only code that calls hooks; an exception a plugin raises becomes a
-:class:`mtp_hooks.PluginError` naming the plugin and how to disable it. Plugin authors use
-:mod:`mtp_hooks.plugins`, the public face of this module.
+It is the only code that calls hooks. It calls them through pluggy, one plugin at a time (a
+``subset_hook_caller`` per plugin), so that pluggy's tracing and
+``PluginManager.add_hookcall_monitoring`` see every call with the plugin that answered, and so
+that each answer, abstentions included, is known by plugin name. An exception a plugin raises
+becomes a :class:`mtp_hooks.PluginError` naming the plugin and how to disable it. Plugin authors
+use :mod:`mtp_hooks.plugins`, the public face of this module.
 """
 
 from __future__ import annotations
@@ -12,18 +15,30 @@ import importlib.metadata
 import inspect
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import pluggy
 
 from . import _env, _runtime, hookspecs
-from ._errors import PluginError, PolicyError, UnknownPluginError
-from ._plugin_checks import all_cacheable, check_plugin, declared_phases
+from ._errors import PluginError, UnknownPluginError
+from ._plugin_checks import (
+    all_cacheable,
+    check_objective,
+    check_plugin,
+    check_vote,
+    declared_phases,
+)
 from ._weights import check_loss_scale
-from .hookspecs import OBJECTIVES
 
 ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
 ENV_DISABLE = "MTP_HOOKS_DISABLE"
+
+
+class PluginCaller(NamedTuple):
+    """One plugin's implementation of one hook, and pluggy's caller of it alone."""
+
+    name: str
+    call: pluggy.HookCaller
 
 
 @dataclass(frozen=True)
@@ -63,6 +78,8 @@ class PluginRegistry:
         self._blocked_eps: dict[str, tuple[str | None, str | None]] = {}
         self._phases: frozenset[str] | None = None  # both derived from the plugins, and
         self._cacheable: bool | None = None  # cleared when they change
+        # per hook: the implementations the callers were made for, and the callers
+        self._callers: dict[str, tuple[tuple[Any, ...], tuple[PluginCaller, ...]]] = {}
         for name in _blocked_names():
             self.pm.set_blocked(name)
 
@@ -189,8 +206,8 @@ class PluginRegistry:
             PolicyError: A plugin returned something other than ``True``, ``False`` or ``None``.
         """
         return [
-            (name, _check_vote(name, "should_run_mtp", vote))
-            for name, vote in self._answers("should_run_mtp", model, phase)
+            (name, check_vote(name, "should_run_mtp", vote))
+            for name, vote in self._answers("should_run_mtp", model=model, phase=phase)
         ]
 
     def loss_scales(self, model: Any, phase: Any) -> list[tuple[str, float]]:
@@ -198,43 +215,52 @@ class PluginRegistry:
         plugin that gave one (validated: finite and ``>= 0``)."""
         return [
             (name, check_loss_scale(scale, f"plugin {name!r}: mtp_loss_scale returned {scale!r}"))
-            for name, scale in self._answers("mtp_loss_scale", model, phase)
+            for name, scale in self._answers("mtp_loss_scale", model=model, phase=phase)
             if scale is not None
         ]
 
     def detach_votes(self, model: Any, phase: Any) -> list[tuple[str, bool]]:
         """Call ``mtp_detach_heads`` on every plugin; return ``(plugin name, answer)`` for each
         plugin that did not abstain (validated like :meth:`votes`)."""
-        answers = self._answers("mtp_detach_heads", model, phase)
-        return [(n, a) for n, a in answers if _check_vote(n, "mtp_detach_heads", a) is not None]
+        answers = self._answers("mtp_detach_heads", model=model, phase=phase)
+        return [(n, a) for n, a in answers if check_vote(n, "mtp_detach_heads", a) is not None]
 
     def objective_answers(self, model: Any, phase: Any) -> list[tuple[str, str]]:
         """Call ``mtp_objective`` on every plugin; return ``(plugin name, objective)`` for each
         plugin that did not abstain, its answer one of ``"ce"``, ``"kl"``, ``"tv"``."""
-        answers = []
-        for name, answer in self._answers("mtp_objective", model, phase):
-            if answer is None:
-                continue
-            if answer not in OBJECTIVES:
-                raise PolicyError(
-                    f"plugin {name!r}: mtp_objective returned {answer!r}; it must return "
-                    "'ce', 'kl', 'tv' or None (abstain)"
-                )
-            answers.append((name, answer))
-        return answers
+        answers = self._answers("mtp_objective", model=model, phase=phase)
+        return [(n, a) for n, a in answers if check_objective(n, a) is not None]
 
     def loss_masks(self, model: Any, phase: Any, **tensors: Any) -> list[tuple[str, Any]]:
         """Call ``mtp_loss_mask`` on every plugin with ``tensors`` (``loss_mask``, ``labels``,
         ``input_ids``); return ``(plugin name, mask)`` for each plugin that gave one."""
-        answers = [
-            (i.plugin_name, _call(i, "mtp_loss_mask", model=model, phase=phase, **tensors))
-            for i in self.pm.hook.mtp_loss_mask.get_hookimpls()
-        ]
+        answers = self._answers("mtp_loss_mask", model=model, phase=phase, **tensors)
         return [(name, mask) for name, mask in answers if mask is not None]
 
-    def _answers(self, hook: str, model: Any, phase: Any) -> list[tuple[str, Any]]:
-        impls = getattr(self.pm.hook, hook).get_hookimpls()
-        return [(i.plugin_name, _call(i, hook, model=model, phase=phase)) for i in impls]
+    def _answers(self, hook: str, **arguments: Any) -> list[tuple[str, Any]]:
+        """Each plugin's answer to ``hook`` by name, ``None`` for an abstention."""
+        return [(c.name, _call(c, hook, arguments)) for c in self.callers(hook)]
+
+    def callers(self, hook: str) -> tuple[PluginCaller, ...]:
+        """pluggy's caller of each implementation of ``hook`` on its own, in pluggy's order.
+
+        Made again whenever the implementations change, also when a plugin was registered
+        on the plugin manager directly.
+        """
+        impls = tuple(getattr(self.pm.hook, hook).get_hookimpls())
+        made = self._callers.get(hook)
+        if made is not None and made[0] == impls:
+            return made[1]
+        plugins = [impl.plugin for impl in impls]
+        callers = tuple(
+            PluginCaller(
+                impl.plugin_name,
+                self.pm.subset_hook_caller(hook, [p for p in plugins if p is not impl.plugin]),
+            )
+            for impl in impls
+        )
+        self._callers[hook] = (impls, callers)
+        return callers
 
     def votes_cacheable(self) -> bool:
         """Whether every ``should_run_mtp`` implementation is declared ``cacheable_vote``."""
@@ -252,13 +278,12 @@ class PluginRegistry:
 
     def report_metrics(self, model: Any, phase: Any, metrics: Any) -> None:
         """Call ``mtp_metrics`` on every plugin that implements it."""
-        for impl in self.pm.hook.mtp_metrics.get_hookimpls():
-            _call(impl, "mtp_metrics", model=model, phase=phase, metrics=metrics)
+        self._answers("mtp_metrics", model=model, phase=phase, metrics=metrics)
 
     def plugin_phases(self) -> frozenset[str]:
         """Custom phase names declared by plugins through ``declare_phases`` (cached)."""
         if self._phases is None:
-            self._phases = declared_phases(self.pm.hook.declare_phases.get_hookimpls())
+            self._phases = declared_phases(self._answers("declare_phases"))
         return self._phases
 
     def describe(self) -> list[PluginInfo]:
@@ -278,21 +303,16 @@ class PluginRegistry:
         return sorted(infos, key=lambda i: i.name)
 
 
-def _check_vote(name: str, hook: str, vote: Any) -> bool | None:
-    if vote is not None and not isinstance(vote, bool):
-        raise PolicyError(
-            f"plugin {name!r}: {hook} returned {vote!r}; it must return True, False or None "
-            "(abstain)"
-        )
-    return vote
+def _call(caller: PluginCaller, hook: str, arguments: dict[str, Any]) -> Any:
+    """Call one plugin's ``hook`` through pluggy; its answer, ``None`` if it abstained.
 
-
-def _call(impl: Any, hook: str, **arguments: Any) -> Any:
-    """Call one plugin's ``hook``; an exception becomes :class:`PluginError` naming the plugin."""
+    An exception becomes :class:`PluginError` naming the plugin.
+    """
     try:
-        return impl.function(*[arguments[a] for a in impl.argnames])
+        answers = caller.call(**arguments)
     except Exception as exc:
         raise PluginError(
-            f"mtp_hooks plugin {impl.plugin_name!r}: {hook} raised {type(exc).__name__}: {exc}. "
-            f"Fix the plugin, or disable it with {ENV_DISABLE}={impl.plugin_name}."
+            f"mtp_hooks plugin {caller.name!r}: {hook} raised {type(exc).__name__}: {exc}. "
+            f"Fix the plugin, or disable it with {ENV_DISABLE}={caller.name}.",
         ) from exc
+    return answers[0] if answers else None

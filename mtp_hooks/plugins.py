@@ -67,9 +67,10 @@ def list_plugins() -> list[PluginInfo]:
 def get_plugin_manager() -> pluggy.PluginManager:
     """Return the ``pluggy.PluginManager``, created lazily with entry points loaded.
 
-    Use it to read what pluggy offers (``list_name_plugin``, tracing); register and
-    unregister through :func:`register` and :func:`unregister`, which validate the plugin
-    and tell the gates.
+    Use it for what pluggy offers (``list_name_plugin``, ``enable_tracing``,
+    ``add_hookcall_monitoring``): every hook call goes through it, one call per plugin, so a
+    monitor sees each plugin's answer. Register and unregister through :func:`register` and
+    :func:`unregister`, which validate the plugin and tell the gates.
     """
     return registry().pm
 

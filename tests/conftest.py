@@ -11,6 +11,8 @@ import importlib.util
 
 import pytest
 
+import mtp_hooks
+
 from mamba_on_cpu import expose_mamba_triton_kernels
 from plugin_answers import Answers, answers
 
@@ -37,3 +39,20 @@ def voter():
         return answers("should_run_mtp", vote, name=name)
 
     return make
+
+
+@pytest.fixture
+def monitored():
+    """``(hook name, plugin names, answers)`` of every hook call pluggy makes, in order."""
+    calls: list[tuple[str, tuple[str, ...], object]] = []
+
+    def before(hook_name, hook_impls, kwargs):
+        pass
+
+    def after(outcome, hook_name, hook_impls, kwargs):
+        names = tuple(impl.plugin_name for impl in hook_impls)
+        calls.append((hook_name, names, outcome.exception or outcome.get_result()))
+
+    undo = mtp_hooks.plugins.get_plugin_manager().add_hookcall_monitoring(before, after)
+    yield calls
+    undo()
