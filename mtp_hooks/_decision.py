@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from . import _phase_catalogue, _phases, _policy, _roles, _runtime, _sources
-from ._errors import PolicyConflictError, PolicyError
+from ._errors import MTPHooksError, PolicyConflictError, PolicyError
 from ._plugin_registry import registry as _registry
 
 logger = logging.getLogger("mtp_hooks")
@@ -101,7 +101,7 @@ def _conflict(what: str, role: str | None, phase: str, listed: str, settle: tupl
 
 
 def _agreeing(
-    answers: Any, what: str, role: str | None, phase: Any, settle: str, show: str = ""
+    answers: Any, what: str, role: str | None, phase: Any, settle: str, hook: str, show: str = ""
 ) -> dict[str, Any]:
     """Plugins' ``(name, answer)`` pairs by name, once they all give one answer; else a
     :class:`PolicyConflictError` listing each (formatted with ``show``) and the setting to
@@ -109,7 +109,11 @@ def _agreeing(
     by_name = dict(sorted(answers))
     if len(set(by_name.values())) > 1:
         listed = ", ".join(f"{name}={answer:{show}}" for name, answer in by_name.items())
-        raise PolicyConflictError(_conflict(what, role, str(phase), listed, (settle, settle)))
+        error = PolicyConflictError(
+            _conflict(what, role, str(phase), listed, (settle, settle)), hook=hook
+        )
+        error.answers = MappingProxyType(by_name)
+        raise error
     return by_name
 
 
@@ -117,7 +121,13 @@ def _with_plugin_loss_scale(
     decision: Decision, model: Any, phase: Any, role: str | None
 ) -> Decision:
     scales = _agreeing(
-        _registry().loss_scales(model, phase), "the MTP loss weight", role, phase, "run:0.1", "g"
+        _registry().loss_scales(model, phase),
+        "the MTP loss weight",
+        role,
+        phase,
+        "run:0.1",
+        "mtp_loss_scale",
+        "g",
     )
     if not scales:
         return decision
@@ -134,6 +144,7 @@ def _with_plugin_objective(
         role,
         phase,
         "run+detach+objective:kl",
+        "mtp_objective",
     )
     objective = next(iter(answers.values()), "ce")
     if objective == "ce":
@@ -141,17 +152,25 @@ def _with_plugin_objective(
     names = ",".join(answers)
     if not decision.detach:
         raise PolicyError(
-            f"plugin {names} asks MTP to train toward the policy's own distribution "
+            plugin=names,
+            hook="mtp_objective",
+            option=f"+objective:{objective}",
+            message=f"plugin {names} asks MTP to train toward the policy's own distribution "
             f"(objective {objective!r}) in phase {str(phase)!r}, which must never train the trunk, "
             "but this forward is not detached. Detach it (the policy's '+detach', or a plugin's "
-            "mtp_detach_heads), or answer 'ce'"
+            "mtp_detach_heads), or answer 'ce'",
         )
     return replace(decision, objective=objective, objective_by=names)
 
 
 def _with_plugin_detach(decision: Decision, model: Any, phase: Any, role: str | None) -> Decision:
     answers = _agreeing(
-        _registry().detach_votes(model, phase), "detaching MTP", role, phase, "run+detach"
+        _registry().detach_votes(model, phase),
+        "detaching MTP",
+        role,
+        phase,
+        "run+detach",
+        "mtp_detach_heads",
     )
     if not any(answers.values()):
         return decision
@@ -165,7 +184,11 @@ def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
         listed = ", ".join(
             f"{name}={'run' if v else 'skip'}" for name, v in votes.items() if v is not None
         )
-        raise PolicyConflictError(_conflict("MTP", role, str(phase), listed, ("run", "skip")))
+        error = PolicyConflictError(
+            _conflict("MTP", role, str(phase), listed, ("run", "skip")), hook="should_run_mtp"
+        )
+        error.answers = MappingProxyType({n: v for n, v in votes.items() if v is not None})
+        raise error
     if cast:
         voters = tuple(name for name, v in votes.items() if v is not None)
         return Decision(
@@ -213,10 +236,21 @@ def decide_normalized(
     if runtime.memo_generation != generation:
         memo.clear()
         runtime.memo_generation = generation
-    tracing = _sources.tracing()
     decision = memo.get((role, phase))
     if decision is not None:
         return decision, True
+    try:
+        return _decide(model, phase, role, memo)
+    except MTPHooksError as error:  # a plugin's answer, or a refusal: name the phase and role
+        error.fill(phase=str(phase), role=role)
+        raise
+
+
+def _decide(
+    model: Any, phase: _phases.Phase | str, role: str | None, memo: dict[Any, Decision]
+) -> tuple[Decision, bool]:
+    """:func:`decide_normalized` where its memo holds no decision."""
+    tracing = _sources.tracing()
     entry = _sources.lookup(role, str(phase))
     if entry is not None and entry.value != "auto":
         decision = Decision(

@@ -61,7 +61,8 @@ def normalize(name: object, where: str = "phase") -> Phase | str:
     raise PolicyError(
         f"{where}: unknown phase {name!r}{hint}; known phases are {', '.join(known)}. "
         "Declare a custom phase first with mtp_hooks.declare_phase(name) or a plugin's "
-        "declare_phases hook."
+        "declare_phases hook.",
+        phase=name if isinstance(name, str) else None,
     )
 
 

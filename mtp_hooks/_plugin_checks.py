@@ -39,7 +39,8 @@ def check_plugin(pm: pluggy.PluginManager, plugin: object, label: str) -> None:
             f"mtp_hooks plugin {label}: {', '.join(wrappers)} is declared as a hook wrapper; "
             "mtp-hooks counts each plugin's own vote by name, so a wrapper could change "
             "votes unseen. Drop wrapper=True/hookwrapper=True and return True (run), False "
-            "(skip) or None (abstain)."
+            "(skip) or None (abstain).",
+            hook=wrappers[0],
         )
 
 
@@ -62,7 +63,9 @@ def check_vote(plugin: str, hook: str, vote: Any) -> bool | None:
     if vote is not None and not isinstance(vote, bool):
         raise PolicyError(
             f"plugin {plugin!r}: {hook} returned {vote!r}; it must return True, False or None "
-            "(abstain)"
+            "(abstain)",
+            plugin=plugin,
+            hook=hook,
         )
     return vote
 
@@ -72,7 +75,9 @@ def check_objective(plugin: str, answer: Any) -> str | None:
     if answer is not None and answer not in OBJECTIVES:
         raise PolicyError(
             f"plugin {plugin!r}: mtp_objective returned {answer!r}; it must return "
-            "'ce', 'kl', 'tv' or None (abstain)"
+            "'ce', 'kl', 'tv' or None (abstain)",
+            plugin=plugin,
+            hook="mtp_objective",
         )
     return None if answer is None else str(answer)
 
@@ -92,13 +97,17 @@ def declared_phases(answers: Iterable[tuple[str, Any]]) -> frozenset[str]:
         if isinstance(result, (str, bytes)) or not isinstance(result, Iterable):
             raise PolicyError(
                 f"mtp_hooks plugin {plugin!r}: declare_phases returned "
-                f"{result!r}; return a list of phase names, e.g. [{result!r}]"
+                f"{result!r}; return a list of phase names, e.g. [{result!r}]",
+                plugin=plugin,
+                hook="declare_phases",
             )
         for name in result:
             if not isinstance(name, str) or not name.isidentifier():
                 raise PolicyError(
                     f"mtp_hooks plugin {plugin!r}: declare_phases returned "
-                    f"the invalid phase name {name!r}; use identifiers such as 'distill'"
+                    f"the invalid phase name {name!r}; use identifiers such as 'distill'",
+                    plugin=plugin,
+                    hook="declare_phases",
                 )
             names.add(name)
     return frozenset(names)

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import pluggy
 
 from . import _env, _runtime, hookspecs
-from ._errors import PluginError, UnknownPluginError
+from ._errors import PluginError, UnknownPluginError, about
 from ._plugin_checks import (
     all_cacheable,
     check_objective,
@@ -109,10 +109,11 @@ class PluginRegistry:
                     self.register(plugin, name=ep.name)
                 except Exception as exc:
                     raise PluginError(
-                        f"mtp_hooks plugin {ep.name!r} (entry point {ep.value!r} of distribution "
-                        f"{dist_name or '?'} {dist_version or '?'}) failed to load: "
+                        plugin=ep.name,
+                        message=f"mtp_hooks plugin {ep.name!r} (entry point {ep.value!r} of "
+                        f"distribution {dist_name or '?'} {dist_version or '?'}) failed to load: "
                         f"{type(exc).__name__}: {exc}. Fix or uninstall it, or disable it with "
-                        f"{ENV_DISABLE}={ep.name} (or {ENV_DISABLE_AUTOLOAD}=1 for all plugins)."
+                        f"{ENV_DISABLE}={ep.name} (or {ENV_DISABLE_AUTOLOAD}=1 for all plugins).",
                     ) from exc
                 loaded.append(ep.name)
                 if dist_name is not None:
@@ -133,35 +134,42 @@ class PluginRegistry:
             dist = self._dists.get(name)
             origin = f" (distribution {dist[0]} {dist[1]})" if dist else ""
             raise PluginError(
-                f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not define: "
-                f"{exc}. Known hooks: should_run_mtp, mtp_loss_scale, mtp_detach_heads, "
+                plugin=name,
+                message=f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not "
+                f"define: {exc}. Known hooks: should_run_mtp, mtp_loss_scale, mtp_detach_heads, "
                 "mtp_objective, mtp_loss_mask, mtp_metrics, declare_phases. Fix the name, or "
-                f"disable the plugin with {ENV_DISABLE}={name}."
+                f"disable the plugin with {ENV_DISABLE}={name}.",
             ) from exc
 
     # -- registration ------------------------------------------------------------------------
     def register(self, plugin: object, name: str | None = None) -> str:
         """Register ``plugin`` and validate its hooks; nothing stays registered on failure."""
         label = name or repr(plugin)
-        check_plugin(self.pm, plugin, label)
+        with about(plugin=name):
+            check_plugin(self.pm, plugin, label)
         if name is not None and self.pm.is_blocked(name):
             raise PluginError(
-                f"mtp_hooks plugin {name!r} is blocked by {ENV_DISABLE}; unset it to register"
+                f"mtp_hooks plugin {name!r} is blocked by {ENV_DISABLE}; unset it to register",
+                plugin=name,
             )
         try:
             registered = self.pm.register(plugin, name=name)
             if registered is None:
                 raise PluginError(
-                    f"mtp_hooks plugin {label} is blocked by {ENV_DISABLE}; unset it to register"
+                    f"mtp_hooks plugin {label} is blocked by {ENV_DISABLE}; unset it to register",
+                    plugin=name,
                 )
             self.check_pending()
         except ValueError as exc:  # already registered under this name or object
-            raise PluginError(f"cannot register mtp_hooks plugin {label}: {exc}") from exc
+            raise PluginError(
+                f"cannot register mtp_hooks plugin {label}: {exc}", plugin=name
+            ) from exc
         except pluggy.PluginValidationError as exc:
             self._discard(plugin, name)
-            raise PluginError(f"invalid mtp_hooks plugin {label}: {exc}") from exc
-        except PluginError:
+            raise PluginError(f"invalid mtp_hooks plugin {label}: {exc}", plugin=name) from exc
+        except PluginError as exc:
             self._discard(plugin, name)
+            exc.fill(plugin=name)
             raise
         self._changed()
         return registered
@@ -187,7 +195,8 @@ class PluginRegistry:
             what = "no plugin named {!r} is" if by_name else "{!r} is not"
             raise UnknownPluginError(
                 f"unregister: {what.format(name_or_plugin)} registered; "
-                "mtp_hooks.plugins.list_plugins() lists the registered ones"
+                "mtp_hooks.plugins.list_plugins() lists the registered ones",
+                plugin=name_or_plugin if isinstance(name_or_plugin, str) else None,
             )
         self.pm.unregister(name=name)
         self._dists.pop(name, None)
@@ -213,11 +222,13 @@ class PluginRegistry:
     def loss_scales(self, model: Any, phase: Any) -> list[tuple[str, float]]:
         """Call ``mtp_loss_scale`` on every plugin; return ``(plugin name, weight)`` for each
         plugin that gave one (validated: finite and ``>= 0``)."""
-        return [
-            (name, check_loss_scale(scale, f"plugin {name!r}: mtp_loss_scale returned {scale!r}"))
-            for name, scale in self._answers("mtp_loss_scale", model=model, phase=phase)
-            if scale is not None
-        ]
+        scales = []
+        for name, scale in self._answers("mtp_loss_scale", model=model, phase=phase):
+            if scale is not None:
+                with about(plugin=name, hook="mtp_loss_scale"):
+                    where = f"plugin {name!r}: mtp_loss_scale returned {scale!r}"
+                    scales.append((name, check_loss_scale(scale, where)))
+        return scales
 
     def detach_votes(self, model: Any, phase: Any) -> list[tuple[str, bool]]:
         """Call ``mtp_detach_heads`` on every plugin; return ``(plugin name, answer)`` for each
@@ -314,5 +325,7 @@ def _call(caller: PluginCaller, hook: str, arguments: dict[str, Any]) -> Any:
         raise PluginError(
             f"mtp_hooks plugin {caller.name!r}: {hook} raised {type(exc).__name__}: {exc}. "
             f"Fix the plugin, or disable it with {ENV_DISABLE}={caller.name}.",
+            plugin=caller.name,
+            hook=hook,
         ) from exc
     return answers[0] if answers else None

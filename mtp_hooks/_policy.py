@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _phase_catalogue
-from ._errors import PolicyError
+from ._errors import PolicyError, about
 from ._policy_entry import VALUES, Key, PolicyEntry
 from ._policy_errors import Errors, did_you_mean
 from ._weights import check_loss_scale, parse_loss_scale
@@ -101,16 +101,23 @@ def _objective(
 
 def _value(raw: object, source: str, key: str) -> PolicyEntry:
     """A policy value: a string such as ``run:0.3+detach``, or a
-    ``{mtp, loss_scale, metrics, detach}`` table."""
+    ``{mtp, loss_scale, metrics, detach}`` table; an error's ``option`` is the string as given,
+    or the table key at fault."""
+    with about(option=raw.strip() if isinstance(raw, str) else None):
+        return _checked_value(raw, source, key)
+
+
+def _checked_value(raw: object, source: str, key: str) -> PolicyEntry:
     where = f"{source}: key {key!r}"
     if isinstance(raw, Mapping):
         unknown = sorted(str(k) for k in set(raw) - _TABLE_KEYS)
         if unknown:
             listed = ", ".join(f"{k!r}{did_you_mean(k, _TABLE_KEYS)}" for k in unknown)
             raise PolicyError(
-                f"{where}: unknown table key {listed}; a table takes 'mtp', 'loss_scale', "
+                option=unknown[0],
+                message=f"{where}: unknown table key {listed}; a table takes 'mtp', 'loss_scale', "
                 "'metrics', 'detach', 'mask', 'ignore_index', 'plugin_masks', 'objective' and "
-                "'temperature'"
+                "'temperature'",
             )
         mtp = raw.get("mtp")
         if not isinstance(mtp, str) or mtp.strip().lower() not in VALUES:
@@ -126,14 +133,19 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
         for option in OPTIONS:
             flag = raw.get(option)
             if flag is not None and not isinstance(flag, bool):
-                raise PolicyError(f"{where}: {option!r} is true or false, not {flag!r}")
+                raise PolicyError(
+                    f"{where}: {option!r} is true or false, not {flag!r}", option=option
+                )
             flags[option] = _check_option(option, flag, where, value)
         scale = raw.get("loss_scale")
         example = "loss_scale = 0.3 (a number, unquoted)"
         weight = None if scale is None else check_loss_scale(scale, where, value, example)
         ignore = raw.get("ignore_index")
         if ignore is not None and (isinstance(ignore, bool) or not isinstance(ignore, int)):
-            raise PolicyError(f"{where}: 'ignore_index' is an integer label, not {ignore!r}")
+            raise PolicyError(
+                f"{where}: 'ignore_index' is an integer label, not {ignore!r}",
+                option="ignore_index",
+            )
         if ignore is not None and not INT64_MIN <= ignore <= INT64_MAX:
             raise PolicyError(
                 f"{where}: 'ignore_index' {ignore} does not fit the labels' int64; give a "
@@ -147,7 +159,10 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
             )
         plugin_masks = raw.get("plugin_masks")
         if plugin_masks is not None and not isinstance(plugin_masks, bool):
-            raise PolicyError(f"{where}: 'plugin_masks' is true or false, not {plugin_masks!r}")
+            raise PolicyError(
+                f"{where}: 'plugin_masks' is true or false, not {plugin_masks!r}",
+                option="plugin_masks",
+            )
         objective, temperature = _objective(
             raw.get("objective"), raw.get("temperature"), flags["detach"], where, value
         )
@@ -167,11 +182,13 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
             spelled = ["metrics", "detach", "mask:labels", *(f"objective:{o}" for o in OBJECTIVES)]
             hint = did_you_mean(f"+{option}", [f"+{o}" for o in spelled])
             raise PolicyError(
-                f"{where} has value {raw!r}; unknown option '+{option}'{hint}: the '+' options "
-                "are '+metrics', '+detach', '+mask:labels' and '+objective:kl' (or ':tv', ':ce')"
+                option=f"+{option}",
+                message=f"{where} has value {raw!r}; unknown option '+{option}'{hint}: the '+' "
+                "options are '+metrics', '+detach', '+mask:labels' and '+objective:kl' "
+                "(or ':tv', ':ce')",
             )
         if names.count(name) > 1:
-            raise PolicyError(f"{where} has value {raw!r}; give '+{name}' once")
+            raise PolicyError(f"{where} has value {raw!r}; give '+{name}' once", option=f"+{name}")
     named = VALUES.get(match["value"])
     if named is None:
         hint = did_you_mean(match["value"], VALUES)
@@ -192,8 +209,9 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
 def _check_option(option: str, flag: bool | None, where: str, value: str) -> bool | None:
     if flag and value == "skip":
         raise PolicyError(
-            f"{where}: '+{option}' needs MTP to run; write 'run+{option}' (or 'auto+{option}' "
-            f"to let the plugins decide), or drop '+{option}'"
+            option=f"+{option}",
+            message=f"{where}: '+{option}' needs MTP to run; write 'run+{option}' (or "
+            f"'auto+{option}' to let the plugins decide), or drop '+{option}'",
         )
     return flag
 
@@ -216,7 +234,8 @@ def _key(raw: object, source: str) -> Key:
             f"{source}: key {raw!r} has a malformed role {role!r}; use ROLE.PHASE, e.g. "
             "'teacher.train'"
         )
-    phase = _phase_catalogue.normalize(phase_name, f"{source}: key {raw!r}")
+    with about(role=role or None, phase=phase_name.strip(), source=source):
+        phase = _phase_catalogue.normalize(phase_name, f"{source}: key {raw!r}")
     return (role or None, str(phase))
 
 
@@ -234,7 +253,7 @@ def _add(
 
 def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
     entries: dict[Key, PolicyEntry] = {}
-    errors = Errors()
+    errors = Errors(source)
     for raw_key, raw_value in policy.items():
         with errors:
             _from_item(entries, raw_key, raw_value, source, errors)
@@ -265,10 +284,12 @@ def _from_item(
                 dotted = f"{role}.{phase_name}"
                 with errors:
                     key = _key(dotted, source)
-                    _add(entries, key, dotted, _value(value, source, dotted), source)
+                    with about(role=key[0], phase=key[1]):
+                        _add(entries, key, dotted, _value(value, source, dotted), source)
         return
     key = _key(raw_key, source)
-    _add(entries, key, raw_key, _value(raw_value, source, raw_key), source)
+    with about(role=key[0], phase=key[1]):
+        _add(entries, key, raw_key, _value(raw_value, source, raw_key), source)
 
 
 def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dict[Key, PolicyEntry]:
@@ -290,14 +311,15 @@ def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dic
         return _from_mapping(policy, source)
     if not isinstance(policy, str):
         raise PolicyError(
-            f"{source}: a policy is a dict or a string like 'train=run,eval=skip', "
-            f"not {type(policy).__name__}"
+            source=source,
+            message=f"{source}: a policy is a dict or a string like 'train=run,eval=skip', "
+            f"not {type(policy).__name__}",
         )
     entries: dict[Key, PolicyEntry] = {}
     if not policy.strip():  # an empty MTP_HOOKS_POLICY: no policy from this source
         return entries
     items = policy.split(",")
-    errors = Errors()
+    errors = Errors(source)
     for number, item in enumerate(items, 1):
         with errors:
             _from_compact_item(entries, number, item, items, policy, source)
@@ -326,4 +348,5 @@ def _from_compact_item(
             "ROLE.PHASE=VALUE with VALUE one of 'run', 'skip', 'auto'"
         )
     key = _key(raw_key, source)
-    _add(entries, key, raw_key.strip(), _value(raw_value, source, raw_key.strip()), source)
+    with about(role=key[0], phase=key[1]):
+        _add(entries, key, raw_key.strip(), _value(raw_value, source, raw_key.strip()), source)

@@ -31,23 +31,29 @@ def did_you_mean(given: str, choices: Iterable[str]) -> str:
 class Errors:
     """The errors of one policy source, gathered so that one ``PolicyError`` names them all:
     each item is checked in a ``with errors:`` block, which keeps its ``PolicyError`` and goes
-    on; :meth:`raise_any` raises them together (one error as itself)."""
+    on; :meth:`raise_any` raises them together (one error as itself), each kept in
+    ``PolicyError.errors`` with its own attributes."""
 
-    def __init__(self) -> None:
-        self.messages: list[str] = []
+    def __init__(self, source: str) -> None:
+        self.source = source
+        self.found: list[PolicyError] = []
 
     def __enter__(self) -> Errors:
         return self
 
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
         if isinstance(exc, PolicyError):
-            self.messages.append(str(exc))
+            exc.fill(source=self.source)
+            self.found.append(exc)
             return True  # go on to the next item
         return False
 
     def raise_any(self) -> None:
-        if len(self.messages) == 1:
-            raise PolicyError(self.messages[0])
-        if self.messages:
-            listed = "\n".join(f"  {m}" for m in self.messages)
-            raise PolicyError(f"{len(self.messages)} errors in this policy:\n{listed}")
+        if len(self.found) == 1:
+            raise self.found[0]
+        if self.found:
+            listed = "\n".join(f"  {error}" for error in self.found)
+            error = PolicyError(f"{len(self.found)} errors in this policy:\n{listed}")
+            error.fill(source=self.source)
+            error.errors = tuple(self.found)
+            raise error

@@ -29,17 +29,22 @@ def load_policy_file(path: str | os.PathLike[str]) -> dict[Key, PolicyEntry]:
             content = fh.read()
     except OSError as exc:
         source = f"{ENV_CONFIG} file {os.fspath(path)!r}"
-        raise PolicyError(f"{source}: cannot read it: {exc.strerror or exc}") from exc
+        raise PolicyError(
+            f"{source}: cannot read it: {exc.strerror or exc}", source=source
+        ) from exc
     return parse_file(os.fspath(path), content)
 
 
 def _policy_table(document: dict[str, Any], source: str) -> dict[Key, PolicyEntry]:
     policy = document.get("policy")
     if policy is None:
-        raise PolicyError(f'{source}: no [policy] table; add one with PHASE = "run"|"skip"')
+        raise PolicyError(
+            f'{source}: no [policy] table; add one with PHASE = "run"|"skip"', source=source
+        )
     if not isinstance(policy, dict):
         raise PolicyError(
-            f"{source}: key 'policy' must be a table ([policy]), got {type(policy).__name__}"
+            f"{source}: key 'policy' must be a table ([policy]), got {type(policy).__name__}",
+            source=source,
         )
     return parse_policy(policy, source)
 
@@ -57,9 +62,9 @@ def parse_file(path: str, content: bytes | None) -> dict[Key, PolicyEntry]:
     """Validate the ``[policy]`` table of a TOML file's ``content`` (``None``: unreadable)."""
     source = f"{ENV_CONFIG} file {path!r}"
     if content is None:
-        raise PolicyError(f"{source}: cannot read it")
+        raise PolicyError(f"{source}: cannot read it", source=source)
     try:
         document = tomllib.loads(content.decode("utf-8"))
     except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise PolicyError(f"{source}: invalid TOML: {exc}") from exc
+        raise PolicyError(f"{source}: invalid TOML: {exc}", source=source) from exc
     return _policy_table(document, source)

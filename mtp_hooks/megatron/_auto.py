@@ -25,14 +25,14 @@ import torch
 
 from .. import _runtime
 from .._errors import UnsupportedModelError
-from . import _attach, _capabilities, _freezing
+from . import _attach, _capabilities, _freezing, _gate
 
 
 def enable(enabled: bool = True, *, clip_mtp_apart: bool = False) -> None:
     """Start (or with ``False`` stop) watching for new models; see ``mtp_hooks.auto_attach``."""
     auto = _runtime.current.auto
     if clip_mtp_apart and enabled:
-        _freezing.mtp_grad_norm_group()  # refused here, changing nothing, where there is none
+        _freezing.mtp_grad_norm_group_or_refuse()  # refused now, changing nothing, if none
     auto.clip_mtp_apart = bool(clip_mtp_apart and enabled)
     if enabled and auto.registration is None:
         register = torch.nn.modules.module.register_module_module_registration_hook
@@ -73,7 +73,26 @@ def _watch(model: torch.nn.Module) -> None:
 
 
 def _first_forward(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    """Attach ``model`` through its outermost wrapper, then gate this very call.
+    """Attach ``model`` through its outermost wrapper, then gate this very call; where dynamo
+    traces this call (``torch.compile``), outside its graphs, as the gate's own hooks do."""
+    if _gate.is_compiling():
+        return _first_forward_eagerly(model, args, kwargs)
+    return _attach_and_gate(model, args, kwargs, sys._getframe(1))
+
+
+@torch.compiler.disable  # type: ignore[untyped-decorator]
+def _first_forward_eagerly(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    """:func:`_first_forward`, run outside dynamo's graphs."""
+    caller = _gate.traced_hooks_caller("_first_forward", __file__)
+    return _attach_and_gate(model, args, kwargs, caller)
+
+
+def _attach_and_gate(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], caller: Any
+) -> Any:
+    """The work of :func:`_first_forward`; ``caller``: the frame running the model's call.
 
     An inference forward (a rollout engine's) leaves the model unattached until its first
     forward that is not one: inference forwards are never gated, and megatron's RL loop sets
@@ -94,14 +113,15 @@ def _first_forward(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[s
     except UnsupportedModelError as exc:
         raise UnsupportedModelError(
             f"{exc} (this model was attached automatically because MTP_HOOKS_AUTO or "
-            "mtp_hooks.auto_attach() is on; turn it off for this process to run it ungated)"
+            "mtp_hooks.auto_attach() is on; turn it off for this process to run it ungated)",
+            **exc.culprit(),
         ) from exc
     gate = next((g for g in handle.gates if g.model is model), None)
     if gate is None:
         return None
     auto.handles[model] = handle
     # The new pre-hook missed this call (torch iterates a snapshot); its post-hook will run.
-    return gate.pre_hook(model, args, kwargs, sys._getframe(1))
+    return gate.pre_hook(model, args, kwargs, caller)
 
 
 def _models_below(module: torch.nn.Module) -> list[torch.nn.Module]:

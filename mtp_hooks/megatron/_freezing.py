@@ -62,7 +62,7 @@ def freeze_trunk_parameters(
     return _freeze("freeze_trunk", "the trunk", params, routers, wrapped)
 
 
-def mtp_grad_norm_group() -> str:
+def mtp_grad_norm_group_or_refuse() -> str:
     """The gradient-norm group megatron's optimizer clips MTP weights in.
 
     Raises:
@@ -93,7 +93,7 @@ def clip_mtp_apart_parameters(
     tags), and where a parameter already belongs to another group. ``blocks`` are MTP blocks
     given directly (auto-attach tags a block as it is assigned, before ``model.mtp`` exists).
     """
-    group = mtp_grad_norm_group()
+    group = mtp_grad_norm_group_or_refuse()
     params = [
         (f"mtp.{n}", p) for m in models if has_mtp(m) for n, p in _block(m).named_parameters()
     ] + [(f"mtp.{n}", p) for block in blocks for n, p in block.named_parameters()]

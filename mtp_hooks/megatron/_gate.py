@@ -77,7 +77,7 @@ _RESTORE: Final = _call_stack.RESTORE
 _SETTLE: Final = _call_stack.SETTLE
 _KWARGS: Final = _call_stack.KWARGS
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
-_is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
+is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
 _grad_enabled = torch.is_grad_enabled
 _explicit_phase = _phases.explicit_phase.get  # the innermost phase() block, or None
 _TRAIN, _EVAL = _phases.Phase.TRAIN, _phases.Phase.EVAL
@@ -196,7 +196,7 @@ class MTPGate:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
             MTPHooksError: Another thread runs this model with gates this call must change.
         """
-        if _is_compiling():  # dynamo is tracing this call: decide outside its graphs
+        if is_compiling():  # dynamo is tracing this call: decide outside its graphs
             return _pre_hook_eagerly(self, module, args, kwargs)
         if owner is None:  # torch's frame running this call, named by this thread's generator
             try:
@@ -341,7 +341,7 @@ class MTPGate:
     ) -> Any:
         """Restore this call's gates first; then settle DDP state after a completed skip.
         ``caller``: the frame running the call, where torch did not call the hook itself."""
-        if _is_compiling():  # dynamo is tracing this call: restore outside its graphs
+        if is_compiling():  # dynamo is tracing this call: restore outside its graphs
             return _post_hook_eagerly(self, module, args, kwargs, output)
         records = self.records
         try:
@@ -541,14 +541,15 @@ class MTPGate:
 # -- under torch.compile ---------------------------------------------------------------------
 
 
-def _traced_hooks_caller(name: str) -> FrameType | None:
-    """The frame that called the gate's hook ``name`` while dynamo traced it: the frame running
-    the model's call, alive until the call ends, as the frame torch calls a hook from is.
-    ``None`` where it is not on this thread's stack (the hook then names its own caller)."""
+def traced_hooks_caller(name: str, file: str = __file__) -> FrameType | None:
+    """The frame that called the hook ``name`` (a function of ``file``) while dynamo traced it:
+    the frame running the model's call, alive until the call ends, as the frame torch calls a
+    hook from is. ``None`` where it is not on this thread's stack (the hook then names its own
+    caller)."""
     frame: FrameType | None = sys._getframe(2)
     while frame is not None:
         code = frame.f_code
-        if code.co_name == name and code.co_filename == __file__:
+        if code.co_name == name and code.co_filename == file:
             return frame.f_back
         frame = frame.f_back
     return None
@@ -559,7 +560,7 @@ def _pre_hook_eagerly(
     gate: MTPGate, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
 ) -> Any:
     """:meth:`MTPGate.pre_hook`, run outside dynamo's graphs."""
-    return gate.pre_hook(module, args, kwargs, _traced_hooks_caller("pre_hook"))
+    return gate.pre_hook(module, args, kwargs, traced_hooks_caller("pre_hook"))
 
 
 @torch.compiler.disable  # type: ignore[untyped-decorator]
@@ -571,4 +572,4 @@ def _post_hook_eagerly(
     output: Any,
 ) -> Any:
     """:meth:`MTPGate.post_hook`, run outside dynamo's graphs."""
-    return gate.post_hook(module, args, kwargs, output, _traced_hooks_caller("post_hook"))
+    return gate.post_hook(module, args, kwargs, output, traced_hooks_caller("post_hook"))

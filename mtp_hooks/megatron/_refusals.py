@@ -72,12 +72,13 @@ def check_tied_stage_policy(model: Any, role: str | None) -> None:
 def refuse_tied_stage_skip(what: str = "a skip") -> None:
     """A skip on an MTP pipeline stage with tied embeddings and no native flag."""
     raise UnsupportedModelError(
-        f"mtp_hooks: cannot skip MTP ({what}) on this pipeline stage: it has MTP, no pre_process "
-        "and share_embeddings_and_output_weights=True, and this megatron-core has no "
+        option="skip",
+        message=f"mtp_hooks: cannot skip MTP ({what}) on this pipeline stage: it has MTP, no "
+        "pre_process and share_embeddings_and_output_weights=True, and this megatron-core has no "
         "native compute_mtp_loss flag. Turning mtp_process off would switch the output "
         "layer to an unsynced weight and silently change the loss. Use a policy that "
         "runs MTP here, set share_embeddings_and_output_weights=False, or upgrade to a "
-        "megatron-core whose HybridModel.forward accepts compute_mtp_loss."
+        "megatron-core whose HybridModel.forward accepts compute_mtp_loss.",
     )
 
 
@@ -87,13 +88,15 @@ def check_callers_own_skip(model: Any, plan: Any) -> None:
     asked = plan.options(needing_a_run=True)
     if asked:
         raise PolicyConflictError(
-            f"mtp_hooks: this {type(model).__name__} forward in phase '{plan.phase}' was called "
-            f"with compute_mtp_loss=False, which turns MTP off for the call, but the decision "
-            f"for '{plan.phase}' asks to run it with {' and '.join(asked)}. A caller's own "
-            f"compute_mtp_loss=False always wins. Let mtp-hooks decide instead (drop the "
+            phase=str(plan.phase),
+            option=" and ".join(asked),
+            message=f"mtp_hooks: this {type(model).__name__} forward in phase '{plan.phase}' was "
+            f"called with compute_mtp_loss=False, which turns MTP off for the call, but the "
+            f"decision for '{plan.phase}' asks to run it with {' and '.join(asked)}. A caller's "
+            f"own compute_mtp_loss=False always wins. Let mtp-hooks decide instead (drop the "
             f"keyword, and set {plan.phase}=skip where MTP should not run), or drop "
             f"{' and '.join(asked)} for '{plan.phase}'; mtp_hooks.explain(model, "
-            f"'{plan.phase}') shows who asked for it."
+            f"'{plan.phase}') shows who asked for it.",
         )
 
 
@@ -101,13 +104,15 @@ def refuse_ep_overlap(what: str) -> None:
     """A training decision (``what``: ``"skip"``, or the options a run asks for) that the
     combined 1F1B schedule cannot follow (:func:`._phase_plan.check_policy` says why)."""
     raise UnsupportedModelError(
-        f"mtp_hooks: the policy's training decision for a model with "
+        phase="train",
+        option=what,
+        message=f"mtp_hooks: the policy's training decision for a model with "
         f"overlap_moe_expert_parallel_comm=True is {what}, which cannot be applied: megatron's "
         "combined 1F1B schedule builds every training microbatch with build_schedule_plan, "
         "which runs no forward hook and includes the MTP layers whenever the model has them, "
         "so training runs MTP plainly, as megatron decides (evaluation and other forward-only "
         "passes follow the policy: train=run, eval=skip works). Set a plain train=run for "
-        "this model, or overlap_moe_expert_parallel_comm=False to gate training too."
+        "this model, or overlap_moe_expert_parallel_comm=False to gate training too.",
     )
 
 
@@ -140,7 +145,11 @@ def check_detach_policy(role: str | None, refusal: str) -> None:
 
 def refuse_detach(phase: str, by: str | None, refusal: str) -> None:
     """``+detach`` for ``phase`` (asked by ``by``) on a model where ``refusal`` says why not."""
-    raise UnsupportedModelError(f"mtp_hooks: {by} asks to detach MTP in {phase}, but {refusal}.")
+    raise UnsupportedModelError(
+        f"mtp_hooks: {by} asks to detach MTP in {phase}, but {refusal}.",
+        phase=phase,
+        option="+detach",
+    )
 
 
 def clipping_refusal(model: Any) -> str | None:
@@ -176,7 +185,9 @@ def check_mask_policy(role: str | None) -> None:
     """Refuse now a policy config that masks the MTP loss (``+mask:labels``) on a megatron-core
     whose MTP loss divides by an unguarded count (:data:`UNGUARDED`)."""
     for name in _sources.configured_with(role, "mask"):
-        raise UnsupportedModelError(f"{UNGUARDED} (the policy config masks it in {name})")
+        raise UnsupportedModelError(
+            f"{UNGUARDED} (the policy config masks it in {name})", phase=name, option="+mask:labels"
+        )
 
 
 def check_objective(gate: ExecutionMode, phase: str) -> None:
@@ -198,5 +209,7 @@ def check_objective(gate: ExecutionMode, phase: str) -> None:
         return
     raise UnsupportedModelError(
         f"mtp_hooks: the policy trains MTP toward the policy's own distribution in {phase}, but "
-        f"{why}."
+        f"{why}.",
+        phase=phase,
+        option="+objective",
     )

@@ -210,3 +210,24 @@ def test_remove_after_compiled_forwards_gives_megatrons_own_mtp_back(build, batc
     forward(compiled, batch, "train")  # the policy still says skip; nothing consults it now
     assert counter.n == 1
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+@pytest.mark.parametrize("decision", ["run", "skip"])
+def test_a_model_auto_attached_and_compiled_before_its_first_forward_breaks_only_at_the_hook(
+    build, batch, count_mtp, decision
+):
+    # the reference: a model of the same build's first forward, compiled, with no hook at all
+    reasons = break_reasons(build(), batch, "train")
+    mtp_hooks.auto_attach()
+    try:
+        model = build()  # watched: its first forward attaches it, inside the compiled call
+    finally:
+        mtp_hooks.auto_attach(False)
+    counter = count_mtp(model)
+    mtp_hooks.configure(f"train={decision}")
+    extra = break_reasons(model, batch, "train") - reasons
+    assert set(extra) <= {AT_THE_HOOKS}, extra
+    assert counter.n == (1 if decision == "run" else 0)
+    handle = mtp_hooks.attach(model)  # the handle the first forward made
+    assert handle.stats() == {"train": {decision: 1}}
+    assert model.mtp_process is True and handle.gates[0].records == []

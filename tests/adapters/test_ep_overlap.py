@@ -63,6 +63,7 @@ def test_under_ep_overlap_anything_but_a_plain_training_run_is_refused_at_attach
         mtp_hooks.attach(model)
     message = str(info.value)
     assert named in message and "overlap_moe_expert_parallel_comm" in message
+    assert info.value.phase == "train" and f"is {info.value.option}" in message
     assert "build_schedule_plan" in message and "train=run, eval=skip works" in message
     assert model.config is config and not model._forward_pre_hooks
 
@@ -77,28 +78,22 @@ def test_under_ep_overlap_a_plugins_loss_mask_is_refused_at_attach(build):
     mtp_hooks.attach(model)  # the plugin's masks turned off: a plain run again
 
 
-def test_under_ep_overlap_a_later_training_mask_is_refused_at_the_next_forward(build, batch):
+@pytest.mark.parametrize(
+    ("later", "named"), [("run+mask:labels", r"\+mask:labels"), ("skip", "is skip")]
+)
+def test_under_ep_overlap_a_later_training_option_or_skip_is_refused_at_the_next_forward(
+    build, batch, later, named
+):
     model = overlapped(build())
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=run,eval=skip")
     model(*batch.args(), labels=batch.labels)
-    mtp_hooks.configure("train=run+mask:labels,eval=skip")
+    mtp_hooks.configure(f"train={later},eval=skip")
     model.eval()
-    with torch.no_grad(), pytest.raises(mtp_hooks.UnsupportedModelError, match=r"\+mask:labels"):
+    with torch.no_grad(), pytest.raises(mtp_hooks.UnsupportedModelError, match=named) as info:
         model(*batch.args(), labels=batch.labels)
     assert model.mtp_process is True
-
-
-def test_under_ep_overlap_a_later_training_skip_is_refused_at_the_next_forward(build, batch):
-    model = overlapped(build())
-    mtp_hooks.attach(model)
-    mtp_hooks.configure("train=run,eval=skip")
-    model(*batch.args(), labels=batch.labels)
-    mtp_hooks.configure("train=skip,eval=skip")
-    model.eval()
-    with torch.no_grad(), pytest.raises(mtp_hooks.UnsupportedModelError, match="is skip"):
-        model(*batch.args(), labels=batch.labels)
-    assert model.mtp_process is True
+    assert info.value.phase == "train"
 
 
 def test_every_field_of_a_plan_is_an_option_derived_from_one_or_bookkeeping():

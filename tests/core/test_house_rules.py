@@ -40,6 +40,7 @@ LAYERS = {
 LONG = {
     "mtp_hooks.megatron._gate": "the gate: one class, its two hooks and their bookkeeping",
     "mtp_hooks._policy": "the policy grammar: every value, option and table key, validated",
+    "mtp_hooks._decision": "the combination rule: the Decision record, config, plugins, default",
     "mtp_hooks._plugin_registry": "the one PluginManager: loading, registration, each hook's call",
 }
 

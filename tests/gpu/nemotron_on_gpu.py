@@ -14,9 +14,23 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 import torch
 
 from mtp_hooks.demo import nemotron_models, tiny_models
+
+from model_fixtures import has_transformer_engine
+
+MARKS = [
+    pytest.mark.skipif(
+        not has_transformer_engine(), reason="needs a CUDA GPU and transformer_engine"
+    ),
+    pytest.mark.skipif(
+        not nemotron_models.can_build_mamba(), reason="megatron's Mamba-2 layer needs mamba-ssm"
+    ),
+    pytest.mark.usefixtures("nemotron_tracker"),
+]
+"""What a module of tests on this model needs: its ``pytestmark``."""
 
 PATTERN = "M*MEME/*E/*E"
 TRUNK, DEPTHS = PATTERN.split("/")[0], PATTERN.count("/")

@@ -15,11 +15,9 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
-
-import mtp_hooks  # noqa: E402
+import mtp_hooks
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "rl_drafter"))
 
@@ -34,8 +32,6 @@ def _flash_attention() -> bool:
 
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(
         torch.cuda.is_available() and not _flash_attention(),
         reason="the inference engine needs FlashAttention >= 2.7.3, 3 or 4",

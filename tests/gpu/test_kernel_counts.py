@@ -8,18 +8,14 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
+import mtp_hooks
+from mtp_hooks.demo import tiny_models
 
-import mtp_hooks  # noqa: E402
-from mtp_hooks.demo import tiny_models  # noqa: E402
-
-from dispatch_counts import dispatched, phase_steps  # noqa: E402
+from dispatch_counts import dispatched, phase_steps
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 

@@ -13,18 +13,14 @@ runs no MTP. The CPU tests check the same with a stand-in for the manager.
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
+import mtp_hooks
+from mtp_hooks.demo import tiny_models
 
-import mtp_hooks  # noqa: E402
-from mtp_hooks.demo import tiny_models  # noqa: E402
-
-from model_fixtures import has_detach_field  # noqa: E402
+from model_fixtures import has_detach_field
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
     pytest.mark.skipif(not has_detach_field(), reason="+detach needs mtp_detach_heads (0.19)"),
     pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]

@@ -18,17 +18,15 @@ import sys
 from types import SimpleNamespace
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
-os.environ.setdefault("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
+import mtp_hooks
+from mtp_hooks.demo import nemotron_models, tiny_models
 
-import mtp_hooks  # noqa: E402
-from mtp_hooks.demo import nemotron_models, tiny_models  # noqa: E402
-
-from model_fixtures import has_detach_field, has_transformer_engine  # noqa: E402
-from nemotron_on_gpu import (  # noqa: E402
+from model_fixtures import has_detach_field
+from nemotron_on_gpu import (
     DEPTHS,
+    MARKS,
     PATTERN,
     batch,
     build,
@@ -41,16 +39,7 @@ from nemotron_on_gpu import (  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "rl_drafter"))
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not has_transformer_engine(), reason="needs a CUDA GPU and transformer_engine"
-    ),
-    pytest.mark.skipif(
-        not nemotron_models.can_build_mamba(), reason="megatron's Mamba-2 layer needs mamba-ssm"
-    ),
-    pytest.mark.usefixtures("nemotron_tracker"),
-]
+pytestmark = MARKS
 
 
 def test_a_skip_gives_the_trunks_logits_bit_for_bit_and_its_gradients_within_their_spread():

@@ -9,20 +9,15 @@ of the same computation, because the Mamba layers' backward kernels add atomical
 
 from __future__ import annotations
 
-import os
-
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
-os.environ.setdefault("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")
+import mtp_hooks
 
-import mtp_hooks  # noqa: E402
-from mtp_hooks.demo import nemotron_models  # noqa: E402
-
-from model_fixtures import has_detach_field, has_transformer_engine  # noqa: E402
-from nemotron_on_gpu import (  # noqa: E402
+from model_fixtures import has_detach_field
+from nemotron_on_gpu import (
     BATCH,
+    MARKS,
     SEQ,
     batch,
     build,
@@ -32,16 +27,7 @@ from nemotron_on_gpu import (  # noqa: E402
     within_spread,
 )
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(
-        not has_transformer_engine(), reason="needs a CUDA GPU and transformer_engine"
-    ),
-    pytest.mark.skipif(
-        not nemotron_models.can_build_mamba(), reason="megatron's Mamba-2 layer needs mamba-ssm"
-    ),
-    pytest.mark.usefixtures("nemotron_tracker"),
-]
+pytestmark = MARKS
 
 GRAPHED = ["attn", "mamba"]  # MoE layers are graphed only with drop-and-pad routing
 RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)

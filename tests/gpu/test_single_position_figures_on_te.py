@@ -10,22 +10,19 @@ request, on TE's layers in float32.
 from __future__ import annotations
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
+import mtp_hooks
+from mtp_hooks.demo import tiny_models
 
-import mtp_hooks  # noqa: E402
-from mtp_hooks.demo import tiny_models  # noqa: E402
-
-from engine_reference import (  # noqa: E402
+from engine_reference import (
     batched_against_alone,
     first_depth_drafts,
     one_request_at_a_time,
 )
-from model_fixtures import has_transformer_engine  # noqa: E402
+from model_fixtures import has_transformer_engine
 
 pytestmark = [
-    pytest.mark.gpu,
     pytest.mark.skipif(
         not has_transformer_engine(), reason="needs a CUDA GPU and transformer_engine"
     ),

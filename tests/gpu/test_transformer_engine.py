@@ -23,22 +23,17 @@ from __future__ import annotations
 
 import collections
 import math
-import os
 
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-pytest.importorskip("megatron.core")
-os.environ.setdefault("NVTE_ALLOW_NONDETERMINISTIC_ALGO", "0")  # bit-identity needs it
+import mtp_hooks
+from mtp_hooks.demo import tiny_models
 
-import mtp_hooks  # noqa: E402
-from mtp_hooks.demo import tiny_models  # noqa: E402
-
-from dispatch_counts import dispatched, phase_steps  # noqa: E402
-from model_fixtures import has_transformer_engine  # noqa: E402
+from dispatch_counts import dispatched, phase_steps
+from model_fixtures import has_transformer_engine
 
 pytestmark = [
-    pytest.mark.gpu,
     pytest.mark.skipif(
         not has_transformer_engine(), reason="needs a CUDA GPU and transformer_engine"
     ),
