@@ -49,6 +49,19 @@ __all__ = [
 SEQ, BATCH, VOCAB = 16, 2, 128
 
 
+def nemotron_spec() -> tiny_models.TinySpec:
+    """The sizes of the CPU tests' Nemotron-3-shaped hybrid: as small as megatron allows, since
+    its Mamba-2 layers run mamba-ssm's Triton kernels through Triton's interpreter."""
+    return tiny_models.TinySpec(
+        hidden_size=32,
+        num_attention_heads=2,
+        seq_length=SEQ,
+        vocab_size=VOCAB,
+        rmsnorm=True,
+        bias=False,
+    )
+
+
 def has_hybrid() -> bool:
     try:
         import megatron.core.models.hybrid.hybrid_model  # noqa: F401

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -226,3 +226,60 @@ def unwrap(model: Any) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
         if not any(obj is seen for seen in found):  # a chunk given twice is gated once
             found.append(obj)
     return found, wrappers
+
+
+@functools.lru_cache(maxsize=1)
+def mtp_loss_derives_labels() -> bool:
+    """Whether this Megatron computes the MTP loss from ``input_ids`` when labels are None."""
+    from megatron.core.transformer import multi_token_prediction
+
+    process = getattr(multi_token_prediction, "process_mtp_loss", None)
+    return process is not None and "input_ids" in inspect.signature(process).parameters
+
+
+@functools.cache
+def forward_signature(cls: Any) -> inspect.Signature:
+    """The signature of the nearest ``forward`` in ``cls``'s MRO that names ``labels``: a
+    subclass's ``forward(*args, flag=..., **kwargs)`` passes its arguments to megatron's."""
+    for klass in cls.__mro__:
+        forward = klass.__dict__.get("forward")
+        if forward is not None and "labels" in inspect.signature(forward).parameters:
+            return inspect.signature(forward)
+    return inspect.signature(cls.forward)
+
+
+def call_arguments(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> dict[str, Any]:
+    """The named arguments of one call of ``model``'s forward (those the signature names)."""
+    signature = forward_signature(cast(Any, type(model)))  # a class: hashable
+    named = {k: v for k, v in kwargs.items() if k in signature.parameters}
+    return signature.bind_partial(model, *args, **named).arguments
+
+
+def takes_loss_mask(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward names a ``loss_mask``."""
+    return "loss_mask" in forward_signature(cast(Any, type(model))).parameters
+
+
+@functools.lru_cache(maxsize=1)
+def full_graph_wrapper() -> Any | None:
+    """megatron's ``FullCudaGraphWrapper`` class, if it can drop a captured graph."""
+    try:
+        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
+    except ImportError:
+        return None
+    return FullCudaGraphWrapper if hasattr(FullCudaGraphWrapper, "reset_cuda_graph") else None
+
+
+def has_detach_field(config: Any) -> bool:
+    """Whether this megatron-core's ``TransformerConfig`` has ``mtp_detach_heads`` (0.19 on),
+    the field each forward is told to detach MTP's inputs through."""
+    return "mtp_detach_heads" in getattr(type(config), "__dataclass_fields__", ())
+
+
+def drafts_single_positions(model: Any) -> bool:
+    """Whether ``model``'s MTP layers have megatron-core's ``forward_single_position`` (0.17
+    on): one draft position at a time, as the inference engine computes them."""
+    layers: Any = getattr(getattr(model, "mtp", None), "layers", None)
+    return bool(layers) and callable(getattr(layers[0], "forward_single_position", None))

@@ -35,6 +35,7 @@ import torch
 from .. import _decision, _phase_catalogue, _phases, _sources
 from .._errors import UnsupportedModelError
 from .._plugin_registry import registry as _registry
+from . import _capabilities
 
 logger = logging.getLogger("mtp_hooks")
 GRAPHED_PHASES = (_phases.Phase.TRAIN, _phases.Phase.EVAL)
@@ -129,18 +130,9 @@ def _refuse(what: str, whose: str) -> None:
 
 
 # -- full-iteration graphs ---------------------------------------------------------------------
-def _full_graph_wrapper() -> Any | None:
-    """megatron's ``FullCudaGraphWrapper`` class, if it can drop a captured graph."""
-    try:
-        from megatron.core.full_cuda_graph import FullCudaGraphWrapper
-    except ImportError:
-        return None
-    return FullCudaGraphWrapper if hasattr(FullCudaGraphWrapper, "reset_cuda_graph") else None
-
-
 def refuse_unfollowable_full_graphs() -> None:
     """At attach: full-iteration graphs on a megatron-core that cannot drop a captured graph."""
-    if _full_graph_wrapper() is None:
+    if _capabilities.full_graph_wrapper() is None:
         raise UnsupportedModelError(
             "mtp_hooks.attach: this model uses full-iteration CUDA graphs, which replay the "
             "whole training and evaluation iterations without running any forward hook, and "
@@ -208,7 +200,7 @@ def recapture() -> None:
     Raises:
         UnsupportedModelError: The change came while a graph is being captured.
     """
-    wrapper = _full_graph_wrapper()
+    wrapper = _capabilities.full_graph_wrapper()
     if wrapper is None:
         return
     captured = [stage for stage, graph in wrapper.cuda_graph.items() if graph is not None]

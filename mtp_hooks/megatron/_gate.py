@@ -49,10 +49,7 @@ from . import (
     _cuda_graphs,
     _ddp_settling,
     _loss_masking,
-    _objectives,
     _phase_plan,
-    _projections,
-    _recorder,
     _refusals,
     _standalone,
 )
@@ -67,6 +64,7 @@ from ._phase_plan import RUN as _RUN
 from ._phase_plan import SKIP as _SKIP
 from ._phase_plan import UNTOUCHED as _UNTOUCHED
 from ._phase_plan import PhasePlan
+from .drafting import _objectives, _projections, _recorder
 
 _get_ident = threading.get_ident
 _getframe = sys._getframe

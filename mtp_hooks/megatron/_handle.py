@@ -87,7 +87,7 @@ class AttachHandle:
         Example: ``{"eval": MTPMetrics(loss=(2.31,), acceptance=(0.42,), tokens=(4096,),
         forwards=8)}``. Reading waits for the device once; recording never does.
         """
-        from . import _recorder
+        from .drafting import _recorder
 
         recorders = [gate.recorder for gate in self.gates if gate.recorder is not None]
         return _recorder.running_means(recorders, reset)

@@ -20,8 +20,8 @@ from .. import _loss_masks
 from .._errors import UnsupportedModelError
 from .._plugin_registry import registry as _registry
 from . import _capabilities, _refusals
+from ._capabilities import call_arguments, mtp_loss_derives_labels, takes_loss_mask
 from ._phase_plan import MASKED
-from ._recorder import call_arguments, derives_labels, takes_loss_mask
 
 if TYPE_CHECKING:
     from ._phase_plan import PhasePlan
@@ -48,7 +48,7 @@ def apply(
     context = _loss_masks.context_masks()
     bound = call_arguments(module, args, kwargs)
     labels, input_ids = bound.get("labels"), bound.get("input_ids")
-    like = labels if labels is not None else input_ids if derives_labels() else None
+    like = labels if labels is not None else input_ids if mtp_loss_derives_labels() else None
     if like is None:  # megatron computes no MTP loss for this forward
         return
     caller = kwargs.get("loss_mask")

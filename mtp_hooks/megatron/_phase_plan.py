@@ -60,7 +60,8 @@ class PhasePlan:
     """``masks`` or an ``ignore_index``: the call gets a mask of its own (read per call)."""
     objective: tuple[str, float] | None = None
     """``(kind, temperature)`` when MTP trains toward the policy (``+objective:kl``): megatron's
-    own weight is 0 for the call and :mod:`._objectives` adds the objective, else ``None``."""
+    own weight is 0 for the call and :mod:`.drafting._objectives` adds the objective, else
+    ``None``."""
     hooked: bool = False
     """``metrics`` or ``objective``: the call opens a hook of its own (read per call)."""
 

@@ -118,7 +118,7 @@ def refuse_ep_overlap(what: str) -> None:
 
 def detach_refusal(config: Any, graphs: str | None) -> str | None:
     """Why ``+detach`` cannot work on a model with ``config`` (``None``: it can)."""
-    if "mtp_detach_heads" not in getattr(type(config), "__dataclass_fields__", ()):
+    if not _capabilities.has_detach_field(config):
         return (
             "this megatron-core's TransformerConfig has no mtp_detach_heads field (it came in "
             "megatron-core 0.19), and that field is how each forward is told to detach MTP's "

@@ -14,7 +14,7 @@ hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-from mtp_hooks.megatron._engine_walk import (  # noqa: E402
+from mtp_hooks.megatron.drafting._engine_walk import (  # noqa: E402
     engine_walk,
     expected_walk,
     verify_chances,

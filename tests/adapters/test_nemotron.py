@@ -17,7 +17,7 @@ import mtp_hooks
 from mtp_hooks.demo import nemotron_models, tiny_models
 from mtp_hooks.framework import AcceptanceController
 
-from model_fixtures import SEQ, VOCAB, has_detach_field, has_hybrid, train_step
+from model_fixtures import has_detach_field, has_hybrid, nemotron_spec, train_step
 
 pytestmark = [
     pytest.mark.skipif(not has_hybrid(), reason="HybridModel needs megatron-core 0.18+"),
@@ -33,20 +33,9 @@ def mtp_tracker_two_depths(mamba_cpu):
     tiny_models.reset_mtp_loss_tracker(num_layers=DEPTHS)
 
 
-def spec() -> tiny_models.TinySpec:
-    return tiny_models.TinySpec(
-        hidden_size=32,
-        num_attention_heads=2,
-        seq_length=SEQ,
-        vocab_size=VOCAB,
-        rmsnorm=True,
-        bias=False,
-    )
-
-
 def nemotron(seed: int = 0, **kwargs) -> torch.nn.Module:
     torch.manual_seed(seed)
-    return nemotron_models.build_nemotron(spec(), attention="sdpa", **kwargs)
+    return nemotron_models.build_nemotron(nemotron_spec(), attention="sdpa", **kwargs)
 
 
 def trunk_twin(model: torch.nn.Module, **kwargs) -> torch.nn.Module:
@@ -289,7 +278,7 @@ def test_one_repeated_mtp_layer_serves_both_depths_and_skips_like_the_trunk(batc
 def test_a_skip_on_a_tied_mtp_stage_is_refused_at_attach_naming_the_fixes():
     torch.manual_seed(0)
     model = nemotron_models.build_nemotron(
-        spec(), attention="sdpa", pre_process=False, share_embeddings=True
+        nemotron_spec(), attention="sdpa", pre_process=False, share_embeddings=True
     )
     assert model.mtp_process and not model.pre_process
     config = model.config

@@ -108,7 +108,7 @@ def test_a_megatron_core_that_drafts_otherwise_reports_no_single_position_figure
     ids=lambda setting: next(iter(setting)),
 )
 def test_a_setting_an_extra_mtp_forward_would_disturb_leaves_the_figures_out(deep, setting):
-    from mtp_hooks.megatron import _single_position
+    from mtp_hooks.megatron.drafting import _single_position
 
     model = deep()
     if not engine_drafts(model):

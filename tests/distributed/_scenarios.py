@@ -138,7 +138,7 @@ def metrics_under_tp(rank: int) -> dict:
     import torch.nn.functional as F
     from megatron.core.transformer.multi_token_prediction import MTPLossLoggingHelper
 
-    from mtp_hooks.megatron._engine_walk import expected_walk
+    from mtp_hooks.megatron.drafting._engine_walk import expected_walk
 
     depths = 2
     spec = tiny_models.TinySpec(

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 import mtp_hooks
-from mtp_hooks.demo import nemotron_models, tiny_models
+from mtp_hooks.demo import nemotron_models
 
-from model_fixtures import SEQ, VOCAB, has_hybrid
+from model_fixtures import VOCAB, has_hybrid, nemotron_spec
 
 export = pytest.importorskip("modelopt.torch.export")
 transformers = pytest.importorskip("transformers")
@@ -33,15 +33,9 @@ pytestmark = [
 
 def nemotron(repeated_mtp: bool) -> torch.nn.Module:
     torch.manual_seed(0)
-    spec = tiny_models.TinySpec(
-        hidden_size=32,
-        num_attention_heads=2,
-        seq_length=SEQ,
-        vocab_size=VOCAB,
-        rmsnorm=True,
-        bias=False,
+    return nemotron_models.build_nemotron(
+        nemotron_spec(), attention="sdpa", repeated_mtp=repeated_mtp
     )
-    return nemotron_models.build_nemotron(spec, attention="sdpa", repeated_mtp=repeated_mtp)
 
 
 def exported(model: torch.nn.Module, folder) -> dict[str, torch.Tensor]:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from megatron.core.transformer import multi_token_prediction as _mtp
 
-from .._metrics import MTPMetrics
+from ..._metrics import MTPMetrics
 from . import _vocab_parallel
 from ._engine_walk import engine_walk, expected_walk
 from ._single_position import single_position_logits

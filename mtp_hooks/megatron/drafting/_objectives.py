@@ -37,7 +37,7 @@ from typing import Any
 import torch
 from megatron.core.transformer import multi_token_prediction as _mtp
 
-from .._errors import UnsupportedModelError
+from ..._errors import UnsupportedModelError
 from . import _depth_figures, _vocab_parallel
 from ._depth_figures import Request
 from ._projections import Projections

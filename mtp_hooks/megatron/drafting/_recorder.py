@@ -14,17 +14,15 @@ registered then.
 from __future__ import annotations
 
 import copy
-import functools
-import inspect
 import threading
 import weakref
-from typing import Any, cast
+from typing import Any
 
 import torch
-from megatron.core.transformer import multi_token_prediction as _mtp
 
-from .._metrics import MTPMetrics
-from .._plugin_registry import registry as _registry
+from ..._metrics import MTPMetrics
+from ..._plugin_registry import registry as _registry
+from .. import _capabilities
 from ._depth_figures import (
     Drafts,
     Request,
@@ -35,39 +33,7 @@ from ._depth_figures import (
 )
 from ._projections import Projections
 
-__all__ = ["Recorder", "call_arguments", "derives_labels", "running_means", "takes_loss_mask"]
-
-
-@functools.lru_cache(maxsize=1)
-def derives_labels() -> bool:
-    """Whether this Megatron computes the MTP loss from ``input_ids`` when labels are None."""
-    process = getattr(_mtp, "process_mtp_loss", None)
-    return process is not None and "input_ids" in inspect.signature(process).parameters
-
-
-@functools.cache
-def _forward_signature(cls: Any) -> inspect.Signature:
-    """The signature of the nearest ``forward`` in ``cls``'s MRO that names ``labels``: a
-    subclass's ``forward(*args, flag=..., **kwargs)`` passes its arguments to megatron's."""
-    for klass in cls.__mro__:
-        forward = klass.__dict__.get("forward")
-        if forward is not None and "labels" in inspect.signature(forward).parameters:
-            return inspect.signature(forward)
-    return inspect.signature(cls.forward)
-
-
-def call_arguments(
-    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> dict[str, Any]:
-    """The named arguments of one call of ``model``'s forward (those the signature names)."""
-    signature = _forward_signature(cast(Any, type(model)))  # a class: hashable
-    named = {k: v for k, v in kwargs.items() if k in signature.parameters}
-    return signature.bind_partial(model, *args, **named).arguments
-
-
-def takes_loss_mask(model: torch.nn.Module) -> bool:
-    """Whether ``model``'s forward names a ``loss_mask``."""
-    return "loss_mask" in _forward_signature(cast(Any, type(model))).parameters
+__all__ = ["Recorder", "loss_request", "running_means"]
 
 
 def loss_request(
@@ -78,9 +44,9 @@ def loss_request(
     derive."""
     if not getattr(model, "post_process", True) or getattr(model, "mtp", None) is None:
         return None
-    bound = call_arguments(model, args, kwargs)
+    bound = _capabilities.call_arguments(model, args, kwargs)
     labels, input_ids = bound.get("labels"), bound.get("input_ids")
-    if labels is None and not (derives_labels() and input_ids is not None):
+    if labels is None and not (_capabilities.mtp_loss_derives_labels() and input_ids is not None):
         return None
     return Request(
         phase,

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from .. import _capabilities
 from . import _vocab_parallel
 
 __all__ = ["single_position_logits", "supported"]
@@ -38,8 +39,7 @@ def supported(model: Any) -> bool:
     forward of its MTP layers that changes nothing: they have megatron-core's
     ``forward_single_position`` (0.17 on), and none of the settings below is on. MoE depths
     can: their routers' buffers are restored after the extra forward."""
-    layers: Any = getattr(getattr(model, "mtp", None), "layers", None)
-    if not layers or not callable(getattr(layers[0], "forward_single_position", None)):
+    if not _capabilities.drafts_single_positions(model):
         return False
     config = model.config
     graphs = getattr(config, "cuda_graph_impl", "none") not in ("none", None)
