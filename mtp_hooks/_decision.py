@@ -112,7 +112,7 @@ def _agreeing(
         error = PolicyConflictError(
             _conflict(what, role, str(phase), listed, (settle, settle)), hook=hook
         )
-        error.answers = MappingProxyType(by_name)
+        error.answers = dict(by_name)  # a record to read, and to pickle
         raise error
     return by_name
 
@@ -187,7 +187,7 @@ def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
         error = PolicyConflictError(
             _conflict("MTP", role, str(phase), listed, ("run", "skip")), hook="should_run_mtp"
         )
-        error.answers = MappingProxyType({n: v for n, v in votes.items() if v is not None})
+        error.answers = {n: v for n, v in votes.items() if v is not None}
         raise error
     if cast:
         voters = tuple(name for name, v in votes.items() if v is not None)

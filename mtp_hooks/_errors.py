@@ -47,8 +47,9 @@ class MTPHooksError(Exception):
         role: The role of the policy entry or model (``"teacher"``).
         option: The policy value or option at fault, as given (``"skp"``, ``"+detatch"``,
             ``"+mask:labels"``), or what a refusal could not apply.
-        source: Where the policy came from (``"configure()"``, ``"MTP_HOOKS_POLICY"``, a
-            policy file's path).
+        source: Where the policy came from, as messages name it
+            (``"mtp_hooks.configure()"``, ``"MTP_HOOKS_POLICY='eval=skp'"``, a policy file's
+            path).
         plugin: The plugin at fault, by its registered name.
         hook: The hook that plugin answered or raised in (``"should_run_mtp"``).
     """

@@ -262,7 +262,6 @@ def takes_loss_mask(model: torch.nn.Module) -> bool:
     return "loss_mask" in forward_signature(cast(Any, type(model))).parameters
 
 
-@functools.lru_cache(maxsize=1)
 def full_graph_wrapper() -> Any | None:
     """megatron's ``FullCudaGraphWrapper`` class, if it can drop a captured graph."""
     try:

@@ -153,6 +153,15 @@ def test_the_attributes_survive_pickling_as_a_worker_process_sends_them():
     assert [attributes(e) for e in copy.errors] == [attributes(e) for e in info.value.errors]
 
 
+def test_a_conflict_survives_pickling_with_each_plugins_answer():
+    answers("should_run_mtp", True, name="runs")
+    answers("should_run_mtp", False, name="skips")
+    with pytest.raises(PolicyConflictError) as info:
+        mtp_hooks.decide(Model(), "eval")
+    copy = pickle.loads(pickle.dumps(info.value))
+    assert dict(copy.answers) == {"runs": True, "skips": False} and copy.phase == "eval"
+
+
 def test_an_outer_caller_fills_only_what_the_error_left_unknown():
     error = PolicyError("x", phase="eval")
     error.fill(phase="train", role="teacher")
