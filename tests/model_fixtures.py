@@ -296,6 +296,39 @@ class Paused:
             raise self.error
 
 
+def megatron_ddp_steps(
+    model: torch.nn.Module,
+    batch,
+    steps: int,
+    optimizer: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer] = lambda params: (
+        torch.optim.SGD(params, lr=0.1)
+    ),
+) -> None:
+    """``steps`` training steps as a megatron loop runs them: ``model`` wrapped in megatron's
+    ``DistributedDataParallel`` and attached through it, ``finalize_model_grads``, then the
+    optimizer on the trainable parameters' gathered gradients."""
+    from megatron.core.distributed import (
+        DistributedDataParallel,
+        DistributedDataParallelConfig,
+        finalize_model_grads,
+    )
+
+    ddp = DistributedDataParallel(
+        config=model.config, ddp_config=DistributedDataParallelConfig(), module=model
+    )
+    mtp_hooks.attach(ddp)
+    params = [p for p in model.parameters() if p.requires_grad]
+    step = optimizer(params)
+    ddp.train()
+    for _ in range(steps):
+        ddp.zero_grad_buffer()
+        ddp(*batch.args(), labels=batch.labels).sum().backward()
+        finalize_model_grads([ddp])
+        for p in params:
+            p.grad = p.main_grad
+        step.step()
+
+
 def train_step(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | None]]:
     """One training forward and backward: the loss and a copy of every parameter's gradient
     (``None`` where it has none), so that a later step cannot change what a test compares."""

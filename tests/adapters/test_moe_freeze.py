@@ -13,7 +13,7 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import SEQ, VOCAB
+from model_fixtures import SEQ, VOCAB, megatron_ddp_steps
 
 
 @pytest.fixture
@@ -54,30 +54,6 @@ def build_moe_gpt(seed: int = 0) -> torch.nn.Module:
     )
 
 
-def train_steps(model: torch.nn.Module, batch, steps: int = 3) -> None:
-    """Megatron DDP, finalize_model_grads and SGD, as a training loop runs them."""
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-
-    ddp = DistributedDataParallel(
-        config=model.config, ddp_config=DistributedDataParallelConfig(), module=model
-    )
-    mtp_hooks.attach(ddp)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.SGD(params, lr=0.1)
-    ddp.train()
-    for _ in range(steps):
-        ddp.zero_grad_buffer()
-        ddp(*batch.args(), labels=batch.labels).sum().backward()
-        finalize_model_grads([ddp])
-        for p in params:
-            p.grad = p.main_grad
-        optimizer.step()
-
-
 def snapshot(model: torch.nn.Module, prefix: str) -> dict[str, torch.Tensor]:
     state = model.state_dict()
     return {k: v.clone() for k, v in state.items() if k.startswith(prefix) and torch.is_tensor(v)}
@@ -112,7 +88,7 @@ def test_a_frozen_moe_mtp_layer_and_its_expert_bias_stay_bit_identical(batch):
     mtp_before, trunk_before = snapshot(model, "mtp."), snapshot(model, "decoder.")
     assert any(k.endswith("expert_bias") for k in mtp_before)
     mtp_hooks.configure("train=run")
-    train_steps(model, batch)
+    megatron_ddp_steps(model, batch, steps=3)
     mtp_after, trunk_after = snapshot(model, "mtp."), snapshot(model, "decoder.")
     assert all(torch.equal(mtp_before[k], mtp_after[k]) for k in mtp_before)
     moved = [k for k in trunk_before if not torch.equal(trunk_before[k], trunk_after[k])]
@@ -125,7 +101,7 @@ def test_without_freezing_the_mtp_expert_bias_moves(batch):
     model = build_moe_gpt()
     before = snapshot(model, "mtp.")
     mtp_hooks.configure("train=run")
-    train_steps(model, batch)
+    megatron_ddp_steps(model, batch, steps=3)
     after = snapshot(model, "mtp.")
     bias = [k for k in before if k.endswith("expert_bias")]
     assert bias and any(not torch.equal(before[k], after[k]) for k in bias)
@@ -136,7 +112,7 @@ def test_a_skipped_mtp_router_keeps_its_expert_bias(batch):
     model = build_moe_gpt()
     before = snapshot(model, "mtp.")
     mtp_hooks.configure("train=skip")
-    train_steps(model, batch)
+    megatron_ddp_steps(model, batch, steps=3)
     after = snapshot(model, "mtp.")
     bias = [k for k in before if k.endswith("expert_bias")]
     assert bias and all(torch.equal(before[k], after[k]) for k in bias)

@@ -17,7 +17,13 @@ import mtp_hooks
 from mtp_hooks.demo import nemotron_models, tiny_models
 from mtp_hooks.framework import AcceptanceController
 
-from model_fixtures import has_detach_field, has_hybrid, nemotron_spec, train_step
+from model_fixtures import (
+    has_detach_field,
+    has_hybrid,
+    megatron_ddp_steps,
+    nemotron_spec,
+    train_step,
+)
 
 pytestmark = [
     pytest.mark.skipif(not has_hybrid(), reason="HybridModel needs megatron-core 0.18+"),
@@ -187,12 +193,6 @@ def test_metrics_record_every_depth_and_the_single_position_figures_moving_no_ro
 
 
 def test_freezing_the_mtp_block_keeps_its_weights_and_expert_bias_over_steps(batch, monkeypatch):
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-
     model = nemotron(seed=7)
     if not all(
         hasattr(r, "frozen_expert_bias")
@@ -203,21 +203,8 @@ def test_freezing_the_mtp_block_keeps_its_weights_and_expert_bias_over_steps(bat
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: None)  # DDP's streams
     mtp_hooks.freeze_mtp(model)
     before = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
-    ddp = DistributedDataParallel(
-        config=model.config, ddp_config=DistributedDataParallelConfig(), module=model
-    )
-    mtp_hooks.attach(ddp)
     mtp_hooks.configure("train=run,eval=skip")
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=1e-2)
-    ddp.train()
-    for _ in range(2):
-        ddp.zero_grad_buffer()
-        ddp(*batch.args(), labels=batch.labels).sum().backward()
-        finalize_model_grads([ddp])
-        for p in params:
-            p.grad = p.main_grad
-        optimizer.step()
+    megatron_ddp_steps(model, batch, steps=2, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2))
     after = model.state_dict()
     moved = [k for k in before if not torch.equal(before[k], after[k])]
     assert not [k for k in moved if k.startswith("mtp.")]

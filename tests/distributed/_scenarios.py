@@ -141,14 +141,7 @@ def metrics_under_tp(rank: int) -> dict:
     from mtp_hooks.megatron.drafting._engine_walk import expected_walk
 
     depths = 2
-    spec = tiny_models.TinySpec(
-        seq_length=SEQ,
-        vocab_size=VOCAB,
-        mtp_num_layers=depths,
-        extra={"tensor_model_parallel_size": 2},
-    )
-    torch.manual_seed(0)
-    model = tiny_models.build_gpt(spec, attention="local")
+    model, _ = _tp_model(depths)
     model.eval()
     ids, pos, mask = _batch()
     hidden: list[torch.Tensor] = []
