@@ -243,12 +243,16 @@ def _add(
     entries: dict[Key, PolicyEntry],
     key: Key,
     raw_key: str,
-    value: PolicyEntry,
+    raw_value: object,
     source: str,
 ) -> None:
-    if key in entries:
-        raise PolicyError(f"{source}: duplicate key {raw_key!r}; give each (role, phase) once")
-    entries[key] = value
+    """The entry of ``key`` (``raw_key`` as written) with ``raw_value`` into ``entries``; an
+    error names the key's role and phase."""
+    with about(role=key[0], phase=key[1]):
+        value = _value(raw_value, source, raw_key)
+        if key in entries:
+            raise PolicyError(f"{source}: duplicate key {raw_key!r}; give each (role, phase) once")
+        entries[key] = value
 
 
 def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEntry]:
@@ -284,12 +288,10 @@ def _from_item(
                 dotted = f"{role}.{phase_name}"
                 with errors:
                     key = _key(dotted, source)
-                    with about(role=key[0], phase=key[1]):
-                        _add(entries, key, dotted, _value(value, source, dotted), source)
+                    _add(entries, key, dotted, value, source)
         return
     key = _key(raw_key, source)
-    with about(role=key[0], phase=key[1]):
-        _add(entries, key, raw_key, _value(raw_value, source, raw_key), source)
+    _add(entries, key, raw_key, raw_value, source)
 
 
 def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dict[Key, PolicyEntry]:
@@ -348,5 +350,4 @@ def _from_compact_item(
             "ROLE.PHASE=VALUE with VALUE one of 'run', 'skip', 'auto'"
         )
     key = _key(raw_key, source)
-    with about(role=key[0], phase=key[1]):
-        _add(entries, key, raw_key.strip(), _value(raw_value, source, raw_key.strip()), source)
+    _add(entries, key, raw_key.strip(), raw_value, source)
