@@ -5,6 +5,9 @@
 #   run.sh tests [ARGS]     tests/gpu (the Nemotron module by default) on the staged packages
 #   run.sh bench NAME ARGS  benchmarks/gpu_mtp.py --model nemotron --spec te ARGS; NAME small or
 #                           large with no ARGS runs that size of docs/benchmarks.md's table
+#   run.sh ab NAME [ARGS]   benchmarks/gpu_hooks_ab.py --model nemotron --spec te --pair skip:
+#                           skip against the trunk built without MTP beside the trunk measured
+#                           twice (the control); NAME small or large as for bench
 #   run.sh demo             the README's demo with its Nemotron-3-shaped model, on the GPU
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -64,6 +67,19 @@ bench() {
     (cd "$REPO" && timeout -k 10 "${BENCH_TIMEOUT:-400}" python3 benchmarks/gpu_mtp.py --model nemotron \
         --spec te --out "$OUT/$name" "$@") >"$OUT/$name.log" 2>&1
     say "bench $name rc=$?"
+}
+
+ab() {
+    site_env
+    local name="$1"; shift
+    local size=()
+    [ "$name" = small ] && size=("${SMALL[@]}")
+    [ "$name" = large ] && size=("${LARGE[@]}")
+    say "ab $name: ${size[*]} $*"
+    (cd "$REPO" && timeout -k 10 "${BENCH_TIMEOUT:-400}" python3 benchmarks/gpu_hooks_ab.py \
+        --model nemotron --spec te --pair skip "${size[@]}" --out "$OUT/ab_$name" "$@") \
+        >"$OUT/ab_$name.log" 2>&1
+    say "ab $name rc=$?"
 }
 
 demo() {

@@ -15,6 +15,7 @@ inferred from the decision; the metrics cell shows what ``+metrics`` recorded
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import sys
@@ -40,6 +41,7 @@ class Row:
     mtp_ran: str
     loss_recorded: str
     metrics: str
+    failure: str = ""  # what megatron raised, printed under the table: stderr is hidden then
 
 
 @contextlib.contextmanager
@@ -85,16 +87,15 @@ def _measure(model: Any, label: str, handle: Any, phase: str, step: Callable[[],
             ran.append(mtp_forwards.n > before)
             recorded.append(tiny_models.recorded_mtp_loss() > 0)
     except Exception as exc:  # megatron itself failed (e.g. 0.16 MTP needs labels): show it
-        failed = f"megatron raised {type(exc).__name__}"
-        _progress(f"{label}, {phase}: {type(exc).__name__}: {exc}")
         return Row(
-            label,
-            phase,
-            "run" if decision.run else "skip",
-            decision.decided_by,
-            failed,
-            "-",
-            "-",
+            model=label,
+            phase=phase,
+            decision="run" if decision.run else "skip",
+            decided_by=decision.decided_by,
+            mtp_ran=f"megatron raised {type(exc).__name__}",
+            loss_recorded="-",
+            metrics="-",
+            failure=_failure(exc),
         )
     finally:
         mtp_forwards.remove()
@@ -141,6 +142,20 @@ def _rows_for(model: Any, label: str, handle: Any, batch: tuple[Any, Any, Any]) 
     ):
         rows.append(_measure(model, label, handle, phase, step))
     return rows
+
+
+def _failure(exc: BaseException) -> str:
+    """``exc`` in one line with the frame that raised it, for the lines under the table."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return f"{type(exc).__name__}: {exc}{where}"
+
+
+def _failures(rows: list[Row]) -> str:
+    """One line per row whose step raised: the model, the phase and what was raised."""
+    return "\n".join(f"{r.model}, {r.phase}: {r.failure}" for r in rows if r.failure)
 
 
 def _table(rows: list[Row]) -> str:
@@ -207,6 +222,9 @@ def _build(name: str, spec: Any) -> Any:
     if not nemotron_models.can_build_mamba():
         _progress("mamba-ssm is not importable: the Nemotron-3 hybrid is built without Mamba-2")
         pattern = pattern.replace("M", "*")
+    # no linear biases, as Nemotron 3 has none: megatron 0.19's expert MLP adds an expert bias
+    # into a view its backward owns, which autograd refuses in a training step
+    spec = dataclasses.replace(spec, bias=False)
     return nemotron_models.build_nemotron(spec, pattern=pattern).cuda()
 
 
@@ -259,6 +277,8 @@ def run_demo(policy: str = DEFAULT_POLICY, models: str = "gpt,hybrid") -> int:
         f"\nmtp-hooks demo: policy {policy!r}, megatron-core {version}, {PROJECT_NAME} on {where}\n"
     )
     print(_table(rows))
+    if _failures(rows):
+        print(f"\nWhat megatron raised:\n{_failures(rows)}")
     print(
         "\nMTP ran: observed with a forward hook on model.mtp. MTP loss logged by megatron: its "
         "MTPLossLoggingHelper tracker,\nwhich megatron fills only for training-mode forwards. "

@@ -96,3 +96,26 @@ def test_the_nemotron_demo_without_a_gpu_says_what_it_needs_and_runs_the_rest():
     assert "skipping nemotron: a Nemotron-3 hybrid needs a GPU" in out.stderr
     assert "mamba-ssm" in out.stderr
     assert ("GPTModel", "train") in rows(out.stdout)
+
+
+def test_what_megatron_raises_in_a_row_is_printed_under_the_table_with_where_it_was_raised(build):
+    import mtp_hooks
+    from mtp_hooks import demo as demo_module
+
+    model = build()
+    handle = mtp_hooks.attach(model)
+
+    def step() -> None:
+        raise RuntimeError("expected all tensors to be on the same device")
+
+    try:
+        row = demo_module._measure(model, "GPTModel", handle, "train", step)
+    finally:
+        handle.remove()
+    assert row.mtp_ran == "megatron raised RuntimeError"
+    assert row.failure.startswith(
+        "RuntimeError: expected all tensors to be on the same device (at "
+    )
+    assert "test_demo.py:" in row.failure  # the frame that raised
+    assert demo_module._failures([row]) == f"GPTModel, train: {row.failure}"
+    assert not model.mtp._forward_hooks  # the demo's counting hook is gone
