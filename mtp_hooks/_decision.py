@@ -12,14 +12,15 @@ The outcome never depends on pluggy's call order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
-from . import _phase_catalogue, _phases, _policy, _roles, _runtime, _sources
+from . import _phase_catalogue, _phases, _policy_entry, _roles, _runtime, _sources
 from ._errors import MTPHooksError, PolicyConflictError, PolicyError
 from ._plugin_registry import registry as _registry
+from ._policy_entry import PolicyEntry
 
 logger = logging.getLogger("mtp_hooks")
 
@@ -76,7 +77,7 @@ class Decision:
     detach: bool = False
     detach_by: str | None = None
     mask: str | None = None
-    ignore_index: int = _policy.IGNORE_INDEX
+    ignore_index: int = _policy_entry.IGNORE_INDEX
     plugin_masks: bool = True
     objective: str | None = None
     temperature: float = 1.0
@@ -177,6 +178,89 @@ def _with_plugin_detach(decision: Decision, model: Any, phase: Any, role: str | 
     return replace(decision, detach=True, detach_by=",".join(answers))
 
 
+Step = Callable[[Decision, PolicyEntry | None, Any, Any, str | None], tuple[Decision, bool]]
+"""An option's part of a decision that runs MTP: ``step(decision, entry, model, phase, role)``
+sets the option's decision fields from the policy entry (``None``: none for this key) or the
+plugins, and says whether the result may still be cached (an answer asked of plugins at every
+forward may not)."""
+
+
+def _loss_scale(
+    decision: Decision, entry: PolicyEntry | None, model: Any, phase: Any, role: str | None
+) -> tuple[Decision, bool]:
+    if entry is not None and entry.loss_scale is not None:
+        return replace(decision, loss_scale=entry.loss_scale, loss_scale_by="config"), True
+    if _registry().implements("mtp_loss_scale"):
+        return _with_plugin_loss_scale(decision, model, phase, role), False  # may follow the step
+    return decision, True
+
+
+def _metrics(
+    decision: Decision, entry: PolicyEntry | None, model: Any, phase: Any, role: str | None
+) -> tuple[Decision, bool]:
+    if entry is not None and entry.metrics:
+        return replace(decision, metrics=True), True
+    return decision, True
+
+
+def _detach(
+    decision: Decision, entry: PolicyEntry | None, model: Any, phase: Any, role: str | None
+) -> tuple[Decision, bool]:
+    if entry is not None and entry.detach is not None:
+        if entry.detach:
+            return replace(decision, detach=True, detach_by="config"), True
+        return decision, True  # detach = false: the model's own setting, whatever plugins say
+    if _registry().implements("mtp_detach_heads"):
+        # an answer may follow the drafter's acceptance
+        return _with_plugin_detach(decision, model, phase, role), False
+    return decision, True
+
+
+def _mask(
+    decision: Decision, entry: PolicyEntry | None, model: Any, phase: Any, role: str | None
+) -> tuple[Decision, bool]:
+    if entry is not None and (entry.mask is not None or entry.plugin_masks is False):
+        ignore = _policy_entry.IGNORE_INDEX if entry.ignore_index is None else entry.ignore_index
+        masked = replace(
+            decision,
+            mask=entry.mask,
+            ignore_index=ignore,
+            plugin_masks=entry.plugin_masks is not False,
+        )
+        return masked, True
+    return decision, True
+
+
+def _objective(
+    decision: Decision, entry: PolicyEntry | None, model: Any, phase: Any, role: str | None
+) -> tuple[Decision, bool]:
+    if entry is not None and entry.objective is not None:
+        if entry.objective == "ce":
+            return decision, True
+        temperature = 1.0 if entry.temperature is None else entry.temperature
+        objective = replace(
+            decision, objective=entry.objective, temperature=temperature, objective_by="config"
+        )
+        return objective, True
+    if _registry().implements("mtp_objective"):
+        # an answer may follow the policy's entropy
+        return _with_plugin_objective(decision, model, phase, role), False
+    return decision, True
+
+
+STEPS: Mapping[str, Step] = MappingProxyType(
+    {
+        "loss_scale": _loss_scale,
+        "metrics": _metrics,
+        "detach": _detach,
+        "mask": _mask,
+        "objective": _objective,
+    }
+)
+"""Each policy option's step of a decision that runs MTP, by option name, taken in the order
+of :data:`mtp_hooks._policy_entry.OPTIONS` (``objective`` reads what ``detach`` decided)."""
+
+
 def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
     votes = MappingProxyType(dict(sorted(_registry().votes(model, phase))))
     cast = {v for v in votes.values() if v is not None}
@@ -263,39 +347,9 @@ def _decide(
         shared = not decision.votes
         cacheable = (shared or _registry().votes_cacheable()) and not tracing
     if decision.run:
-        if entry is not None and entry.loss_scale is not None:
-            decision = replace(decision, loss_scale=entry.loss_scale, loss_scale_by="config")
-        elif _registry().implements("mtp_loss_scale"):
-            decision = _with_plugin_loss_scale(decision, model, phase, role)
-            cacheable = False  # a weight may follow the training step
-        if entry is not None and entry.metrics:
-            decision = replace(decision, metrics=True)
-        if entry is not None and entry.detach is not None:
-            if entry.detach:
-                decision = replace(decision, detach=True, detach_by="config")
-        elif _registry().implements("mtp_detach_heads"):
-            decision = _with_plugin_detach(decision, model, phase, role)
-            cacheable = False  # an answer may follow the drafter's acceptance
-        if entry is not None and entry.objective is not None:
-            if entry.objective != "ce":
-                temperature = 1.0 if entry.temperature is None else entry.temperature
-                decision = replace(
-                    decision,
-                    objective=entry.objective,
-                    temperature=temperature,
-                    objective_by="config",
-                )
-        elif _registry().implements("mtp_objective"):
-            decision = _with_plugin_objective(decision, model, phase, role)
-            cacheable = False  # an answer may follow the policy's entropy
-        if entry is not None and (entry.mask is not None or entry.plugin_masks is False):
-            ignore = _policy.IGNORE_INDEX if entry.ignore_index is None else entry.ignore_index
-            decision = replace(
-                decision,
-                mask=entry.mask,
-                ignore_index=ignore,
-                plugin_masks=entry.plugin_masks is not False,
-            )
+        for option in _policy_entry.OPTIONS:
+            decision, fresh = STEPS[option.name](decision, entry, model, phase, role)
+            cacheable = cacheable and fresh
     if cacheable and shared:
         memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:

@@ -11,25 +11,29 @@ next-token distribution instead of the labels.
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
-from . import _phase_catalogue
+from . import _phase_catalogue, _policy_entry
 from ._errors import PolicyError, about
-from ._policy_entry import VALUES, Key, PolicyEntry
-from ._policy_errors import Errors, did_you_mean
-from ._weights import check_loss_scale, parse_loss_scale
-from .hookspecs import OBJECTIVES
-
-__all__ = ["IGNORE_INDEX", "parse_policy"]
-
-_ALLOWED = (
-    "'run', 'skip', 'auto', 'run:WEIGHT' (e.g. 'run:0.3'), each of the run/auto forms "
-    "optionally followed by '+metrics', '+detach', '+mask:labels' and '+objective:kl' "
-    "(or ':tv', ':ce'), in any order"
+from ._policy_entry import (
+    VALUES,
+    Key,
+    PolicyEntry,
+    PolicyValue,
+    allowed_values,
+    by_name,
+    listed,
+    plus_options,
+    table_keys,
+    unknown_option_hint,
 )
+from ._policy_errors import Errors, did_you_mean
+from ._weights import parse_loss_scale
+
+__all__ = ["parse_policy"]
+
 # VALUE[:WEIGHT](+OPTION)*, spaces allowed around ':' and '+'. An option starts with a letter,
 # so the '+' of an exponent (run:1e+3) is part of the weight.
 _GRAMMAR = re.compile(
@@ -37,66 +41,6 @@ _GRAMMAR = re.compile(
     r"(?P<options>(?:\+\s*[a-z][a-z_]*(?:\s*:\s*[a-z_]+)?\s*)*)",
     re.ASCII,
 )
-OPTIONS = ("metrics", "detach")
-MASKS = ("labels",)  # the mask sources of '+mask:SOURCE' (TOML mask = "SOURCE")
-_NAMED = ("mask", "objective")  # the options that take ':NAME'
-IGNORE_INDEX = -100  # torch's cross-entropy default, and what megatron's datasets write
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # labels are int64: a label outside can never match
-_TABLE_KEYS = {
-    "mtp", "loss_scale", *OPTIONS, "mask", "ignore_index", "plugin_masks", "objective",
-    "temperature",
-}  # fmt: skip
-
-
-def _mask(raw: object, where: str, value: str) -> str | None:
-    """A mask source (``+mask:labels``, TOML ``mask = "labels"``), checked."""
-    if raw is None:
-        return None
-    if not isinstance(raw, str) or raw.strip().lower() not in MASKS:
-        raise PolicyError(
-            f"{where}: unknown MTP loss mask source {raw!r}; the sources are "
-            + ", ".join(repr(m) for m in MASKS)
-            + " ('+mask:labels': leave out positions whose label is the ignore index)"
-        )
-    _check_option(f"mask:{raw.strip().lower()}", True, where, value)
-    return raw.strip().lower()
-
-
-def _objective(
-    raw: object, temperature: object, detach: bool | None, where: str, value: str
-) -> tuple[str | None, float | None]:
-    """An objective (``+objective:kl``, TOML ``objective = "kl"``) and its temperature,
-    checked: ``kl`` and ``tv`` train MTP toward the policy itself, so they need ``+detach``
-    (the trunk must never learn from its own drafter's target)."""
-    if temperature is not None and raw not in ("kl", "tv"):
-        raise PolicyError(
-            f'{where}: \'temperature\' is the temperature of objective = "kl" or "tv"; add '
-            "one of them, or drop 'temperature'"
-        )
-    if raw is None:
-        return None, None
-    if not isinstance(raw, str) or raw.strip().lower() not in OBJECTIVES:
-        hint = did_you_mean(raw, OBJECTIVES) if isinstance(raw, str) else ""
-        raise PolicyError(
-            f"{where}: unknown MTP objective {raw!r}{hint}; the objectives are 'ce' (megatron's "
-            "cross-entropy against the labels), 'kl' (the policy's own next-token "
-            "distribution) and 'tv' (the total variation to it)"
-        )
-    name = raw.strip().lower()
-    _check_option(f"objective:{name}", True, where, value)
-    if name != "ce" and not detach:
-        raise PolicyError(
-            f"{where}: '+objective:{name}' trains MTP toward the policy's own next-token "
-            f"distribution, which must never train the trunk: write 'run+detach+objective:"
-            f"{name}' (TOML detach = true), or use objective 'ce'"
-        )
-    if temperature is None:
-        return name, None
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)):
-        raise PolicyError(f"{where}: 'temperature' is a number, not {temperature!r}")
-    if not math.isfinite(temperature) or temperature <= 0:
-        raise PolicyError(f"{where}: 'temperature' must be finite and above 0, not {temperature!r}")
-    return name, float(temperature)
 
 
 def _value(raw: object, source: str, key: str) -> PolicyEntry:
@@ -110,110 +54,71 @@ def _value(raw: object, source: str, key: str) -> PolicyEntry:
 def _checked_value(raw: object, source: str, key: str) -> PolicyEntry:
     where = f"{source}: key {key!r}"
     if isinstance(raw, Mapping):
-        unknown = sorted(str(k) for k in set(raw) - _TABLE_KEYS)
-        if unknown:
-            listed = ", ".join(f"{k!r}{did_you_mean(k, _TABLE_KEYS)}" for k in unknown)
-            raise PolicyError(
-                option=unknown[0],
-                message=f"{where}: unknown table key {listed}; a table takes 'mtp', 'loss_scale', "
-                "'metrics', 'detach', 'mask', 'ignore_index', 'plugin_masks', 'objective' and "
-                "'temperature'",
-            )
-        mtp = raw.get("mtp")
-        if not isinstance(mtp, str) or mtp.strip().lower() not in VALUES:
-            raise PolicyError(
-                f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
-                "'run', 'skip' or 'auto', with no weight or option in it), 'loss_scale', "
-                "'metrics', 'detach', 'mask', 'ignore_index', 'plugin_masks', 'objective' and "
-                "'temperature', e.g. "
-                '{mtp = "run", loss_scale = 0.3, metrics = true, detach = true, mask = "labels"}'
-            )
-        value = _value(raw["mtp"], source, key).value
-        flags = {}
-        for option in OPTIONS:
-            flag = raw.get(option)
-            if flag is not None and not isinstance(flag, bool):
-                raise PolicyError(
-                    f"{where}: {option!r} is true or false, not {flag!r}", option=option
-                )
-            flags[option] = _check_option(option, flag, where, value)
-        scale = raw.get("loss_scale")
-        example = "loss_scale = 0.3 (a number, unquoted)"
-        weight = None if scale is None else check_loss_scale(scale, where, value, example)
-        ignore = raw.get("ignore_index")
-        if ignore is not None and (isinstance(ignore, bool) or not isinstance(ignore, int)):
-            raise PolicyError(
-                f"{where}: 'ignore_index' is an integer label, not {ignore!r}",
-                option="ignore_index",
-            )
-        if ignore is not None and not INT64_MIN <= ignore <= INT64_MAX:
-            raise PolicyError(
-                f"{where}: 'ignore_index' {ignore} does not fit the labels' int64; give a "
-                f"label in [{INT64_MIN}, {INT64_MAX}] (torch's default is {IGNORE_INDEX})"
-            )
-        mask = _mask(raw.get("mask"), where, value)
-        if ignore is not None and mask != "labels":
-            raise PolicyError(
-                f"{where}: 'ignore_index' is the label that mask = \"labels\" leaves out; "
-                "add mask = \"labels\", or drop 'ignore_index'"
-            )
-        plugin_masks = raw.get("plugin_masks")
-        if plugin_masks is not None and not isinstance(plugin_masks, bool):
-            raise PolicyError(
-                f"{where}: 'plugin_masks' is true or false, not {plugin_masks!r}",
-                option="plugin_masks",
-            )
-        objective, temperature = _objective(
-            raw.get("objective"), raw.get("temperature"), flags["detach"], where, value
+        value, table = _table_value(raw, source, key, where)
+    elif isinstance(raw, str):
+        value, table = _compact_value(raw, where)
+    else:
+        raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
+    fields: dict[str, Any] = {}
+    for option in _policy_entry.OPTIONS:  # in order: an option may read those before it
+        fields.update(option.parse(table, where, value, fields))
+    fields["metrics"] = bool(fields["metrics"])
+    return PolicyEntry(value, source, **fields)
+
+
+def _table_value(
+    raw: Mapping[Any, Any], source: str, key: str, where: str
+) -> tuple[PolicyValue, Mapping[str, Any]]:
+    """A TOML table's value (``mtp``) and the table, whose option keys are checked by name."""
+    keys = table_keys()
+    takes = listed([repr(k) for k in keys])
+    unknown = sorted(str(k) for k in set(raw) - set(keys))
+    if unknown:
+        names = ", ".join(f"{k!r}{did_you_mean(k, keys)}" for k in unknown)
+        raise PolicyError(
+            option=unknown[0],
+            message=f"{where}: unknown table key {names}; a table takes {takes}",
         )
-        return PolicyEntry(
-            value, source, weight, bool(flags["metrics"]), flags["detach"], mask, ignore,
-            plugin_masks, objective, temperature,
-        )  # fmt: skip
-    if not isinstance(raw, str):
-        raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
+    mtp = raw.get("mtp")
+    if not isinstance(mtp, str) or mtp.strip().lower() not in VALUES:
+        rest = listed([repr(k) for k in keys[1:]])
+        raise PolicyError(
+            f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
+            f"'run', 'skip' or 'auto', with no weight or option in it), {rest}, e.g. "
+            '{mtp = "run", loss_scale = 0.3, metrics = true, detach = true, mask = "labels"}'
+        )
+    return _value(raw["mtp"], source, key).value, raw
+
+
+def _compact_value(raw: str, where: str) -> tuple[PolicyValue, dict[str, Any]]:
+    """A policy string's value, and its weight and options read into a table: ``+detach`` is
+    ``detach = true``, ``+mask:labels`` is ``mask = "labels"``, ``run:0.3`` ``loss_scale = 0.3``."""
+    allowed = allowed_values()
     match = _GRAMMAR.fullmatch(raw.lower())
     if match is None:
-        raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
-    options = ["".join(o.split()) for o in match["options"].split("+")[1:]]
-    names = [o.partition(":")[0] for o in options]
-    for option, name in zip(options, names, strict=True):
-        if name not in (*OPTIONS, *_NAMED) or (":" in option) != (name in _NAMED):
-            spelled = ["metrics", "detach", "mask:labels", *(f"objective:{o}" for o in OBJECTIVES)]
-            hint = did_you_mean(f"+{option}", [f"+{o}" for o in spelled])
+        raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed}")
+    table: dict[str, Any] = {}
+    for given in ("".join(o.split()) for o in match["options"].split("+")[1:]):
+        name, colon, argument = given.partition(":")
+        option = by_name(name)
+        if option is None or bool(colon) != bool(option.choices):
             raise PolicyError(
-                option=f"+{option}",
-                message=f"{where} has value {raw!r}; unknown option '+{option}'{hint}: the '+' "
-                "options are '+metrics', '+detach', '+mask:labels' and '+objective:kl' "
-                "(or ':tv', ':ce')",
+                option=f"+{given}",
+                message=f"{where} has value {raw!r}; unknown option '+{given}'"
+                f"{unknown_option_hint(given)}: the '+' options are {plus_options()}",
             )
-        if names.count(name) > 1:
+        if name in table:
             raise PolicyError(f"{where} has value {raw!r}; give '+{name}' once", option=f"+{name}")
+        table[name] = argument if colon else True
     named = VALUES.get(match["value"])
     if named is None:
         hint = did_you_mean(match["value"], VALUES)
-        raise PolicyError(f"{where} has value {raw!r}{hint}; allowed values are {_ALLOWED}")
-    weight = None
+        raise PolicyError(f"{where} has value {raw!r}{hint}; allowed values are {allowed}")
     if match["weight"] is not None:
         if named != "run":
-            raise PolicyError(f"{where} has value {raw!r}; allowed values are {_ALLOWED}")
-        weight = parse_loss_scale(match["weight"], where)
-    metrics, detach = (_check_option(o, o in options or None, where, named) for o in OPTIONS)
-    given = [o.partition(":")[2] for o in options if o.startswith("mask:")]
-    mask = _mask(given[0], where, named) if given else None
-    chosen = [o.partition(":")[2] for o in options if o.startswith("objective:")]
-    objective, _ = _objective(chosen[0] if chosen else None, None, detach, where, named)
-    return PolicyEntry(named, source, weight, bool(metrics), detach, mask, objective=objective)
-
-
-def _check_option(option: str, flag: bool | None, where: str, value: str) -> bool | None:
-    if flag and value == "skip":
-        raise PolicyError(
-            option=f"+{option}",
-            message=f"{where}: '+{option}' needs MTP to run; write 'run+{option}' (or "
-            f"'auto+{option}' to let the plugins decide), or drop '+{option}'",
-        )
-    return flag
+            raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed}")
+        table["loss_scale"] = parse_loss_scale(match["weight"], where)
+    return named, table
 
 
 def _key(raw: object, source: str) -> Key:

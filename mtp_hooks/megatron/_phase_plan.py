@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import _decision, _phases, _roles, _sources
 from .._plugin_registry import registry
+from .._policy_entry import plan_fields
 from . import _cuda_graphs, _rank_agreement, _refusals
 from ._config_view import Changes
 
@@ -82,35 +83,12 @@ class PhasePlan:
         ]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
-class PlanOption:
-    """A :class:`PhasePlan` field that a policy option or a plugin's answer sets.
-
-    Attributes:
-        field: The plan's field.
-        plain: Its value in a plain run or skip.
-        says: How a refusal names what asked for it.
-        needs_a_run: Whether a call that does not run MTP leaves it undone (plugins' masks
-            only weigh a loss that is computed: nothing is lost without one).
-    """
-
-    field: str
-    plain: Any
-    says: str
-    needs_a_run: bool = True
-
-
-OPTIONS: Final = (
-    PlanOption("metrics", False, "+metrics"),
-    PlanOption("objective", None, "+objective"),
-    PlanOption("loss_scale", None, "a loss weight (run:W or mtp_loss_scale)"),
-    PlanOption("detach", False, "+detach"),
-    PlanOption("ignore_index", None, "+mask:labels"),
-    PlanOption("masks", False, "plugins' mtp_loss_mask answers", needs_a_run=False),
-)
-"""Every option a plan carries. A check that must refuse anything but a plain run reads this
-list, so an option added here is refused there too (tests/adapters/test_ep_overlap.py fails
-on a plan field that is in neither this list, :data:`DERIVED` nor :data:`BOOKKEEPING`)."""
+OPTIONS: Final = plan_fields()
+"""Every option a plan carries, as each policy option declares its plan fields
+(:data:`mtp_hooks._policy_entry.OPTIONS`). A check that must refuse anything but a plain run
+reads this list, so an option declared there is refused there too
+(tests/adapters/test_ep_overlap.py fails on a plan field that is in neither this list,
+:data:`DERIVED` nor :data:`BOOKKEEPING`)."""
 
 DERIVED: Final[dict[str, Any]] = {"changes": None, "masking": False, "hooked": False}
 """Plan fields that follow from :data:`OPTIONS` (the config fields to change, whether a call

@@ -39,7 +39,7 @@ LAYERS = {
 # Files past about 300 lines, each because one concept needs the room.
 LONG = {
     "mtp_hooks.megatron._gate": "the gate: one class, its two hooks and their bookkeeping",
-    "mtp_hooks._policy": "the policy grammar: every value, option and table key, validated",
+    "mtp_hooks._policy_entry": "a policy entry and its options, each declared once with its checks",
     "mtp_hooks._decision": "the combination rule: the Decision record, config, plugins, default",
     "mtp_hooks._plugin_registry": "the one PluginManager: loading, registration, each hook's call",
 }
