@@ -139,19 +139,21 @@ def test_detach_trains_mtp_and_leaves_the_trunk_gradients_those_of_a_skip(batch)
 
 
 @pytest.mark.skipif(not has_detach_field(), reason="+objective needs +detach (0.19 on)")
-def test_a_kl_objective_trains_the_drafter_on_the_policy_and_leaves_the_trunk_alone(batch):
+@pytest.mark.parametrize("objective", ["kl", "tv"])
+def test_an_objective_trains_the_drafter_on_the_policy_and_leaves_the_trunk_alone(batch, objective):
     model = nemotron(seed=4)
     ce = twin(model)
     for m in (model, ce):
         mtp_hooks.clip_mtp_apart(m)
     mtp_hooks.attach(model)
     mtp_hooks.attach(ce, role="reference")
-    mtp_hooks.configure("train=run+detach+objective:kl,reference.train=run+detach")
-    _, kl = train_step(model, batch)
+    mtp_hooks.configure(f"train=run+detach+objective:{objective},reference.train=run+detach")
+    _, toward_policy = train_step(model, batch)
     _, plain = train_step(ce, batch)
-    assert bitwise(trunk_grads(kl), trunk_grads(plain)) == []
-    depth_weights = [n for n in kl if n.startswith("mtp.") and kl[n] is not None]
-    assert depth_weights and any(not torch.equal(kl[n], plain[n]) for n in depth_weights)
+    assert bitwise(trunk_grads(toward_policy), trunk_grads(plain)) == []
+    depth_weights = [n for n, g in toward_policy.items() if n.startswith("mtp.") and g is not None]
+    assert depth_weights
+    assert any(not torch.equal(toward_policy[n], plain[n]) for n in depth_weights)
 
 
 def test_mask_labels_trains_mtp_as_the_hand_built_mask_does(batch):
