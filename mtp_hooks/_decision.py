@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
@@ -281,6 +281,18 @@ def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
     return Decision(run=True, kind="default", votes=votes, phase=phase, role=role)
 
 
+def _options_set(decision: Decision) -> list[tuple[str, Any]]:
+    """The decision fields the policy options set away from their defaults, in declaration
+    order: what a traced decision logs beyond who decided."""
+    defaults = {f.name: f.default for f in fields(Decision)}
+    return [
+        (name, getattr(decision, name))
+        for option in _policy_entry.OPTIONS
+        for name in option.decision_fields
+        if getattr(decision, name) != defaults[name]
+    ]
+
+
 def decide(model: Any, phase: _phases.Phase | str) -> Decision:
     """Decide whether ``model`` runs MTP in ``phase``, by the combination rule above.
 
@@ -354,34 +366,13 @@ def _decide(
         memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:
         logger.info(
-            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s%s%s",
+            "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s",
             phase,
             role,
             dict(decision.votes),
             decision.run,
             decision.decided_by,
             f" source={decision.source}" if decision.source else "",
-            f" loss_scale={decision.loss_scale:g} ({decision.loss_scale_by})"
-            if decision.loss_scale is not None
-            else "",
-            " metrics=on" if decision.metrics else "",
-            f" detach=on ({decision.detach_by})" if decision.detach else "",
+            "".join(f" {name}={value}" for name, value in _options_set(decision)),
         )
-        if decision.objective is not None:
-            logger.info(
-                "mtp_hooks decision: phase=%s role=%s objective=%s temperature=%g",
-                phase,
-                role,
-                decision.objective,
-                decision.temperature,
-            )
-        if decision.mask is not None or not decision.plugin_masks:
-            logger.info(
-                "mtp_hooks decision: phase=%s role=%s mask=%s ignore_index=%s plugin_masks=%s",
-                phase,
-                role,
-                decision.mask,
-                decision.ignore_index,
-                "on" if decision.plugin_masks else "off",
-            )
     return decision, cacheable

@@ -62,7 +62,6 @@ def _checked_value(raw: object, source: str, key: str) -> PolicyEntry:
     fields: dict[str, Any] = {}
     for option in _policy_entry.OPTIONS:  # in order: an option may read those before it
         fields.update(option.parse(table, where, value, fields))
-    fields["metrics"] = bool(fields["metrics"])
     return PolicyEntry(value, source, **fields)
 
 

@@ -175,15 +175,16 @@ def _parse_loss_scale(
     return {"loss_scale": None if scale is None else check_loss_scale(scale, where, value, example)}
 
 
-def _flag(name: str) -> Parse:
-    """The parse of a ``+name`` flag that needs MTP to run."""
+def _flag(name: str, unset: bool | None = None) -> Parse:
+    """The parse of a ``+name`` flag that needs MTP to run; ``unset`` is its field where it is
+    not given (``None`` lets plugins decide, as for ``detach``)."""
 
     def parse(
         table: Mapping[str, Any], where: str, value: str, parsed: Mapping[str, Any]
     ) -> dict[str, Any]:
         flag = _boolean(table, name, where)
         needs_a_run(name, flag, where, value)
-        return {name: flag}
+        return {name: unset if flag is None else flag}
 
     return parse
 
@@ -274,7 +275,7 @@ OPTIONS: Final = (
         shown="'+metrics'",
         choices=(),
         keys=("metrics",),
-        parse=_flag("metrics"),
+        parse=_flag("metrics", unset=False),
         spell=lambda e: "+metrics" if e.metrics else "",
         entry_fields=("metrics",),
         decision_fields=("metrics",),

@@ -39,7 +39,8 @@ def test_every_plan_field_is_declared_once():
 def test_an_option_left_out_sets_exactly_its_own_fields_and_nothing_else(option):
     fields = option.parse({}, "here", "run", {"detach": None})
     assert set(fields) == set(option.entry_fields)
-    assert all(value is None for value in fields.values())
+    defaults = {f.name: f.default for f in dataclasses.fields(_policy_entry.PolicyEntry)}
+    assert fields == {name: defaults[name] for name in fields}  # what an entry holds unset
 
 
 def test_every_table_key_belongs_to_one_option():
