@@ -1,4 +1,5 @@
-"""Detaching MTP in the policy (``+detach``) and from plugins: syntax, validation, combination."""
+"""Detaching MTP in the policy (``+detach``) and from plugins: how the config and plugins
+combine. Its syntax and checks, which every flag option shares, are in test_policy_options.py."""
 
 from __future__ import annotations
 
@@ -8,56 +9,6 @@ import mtp_hooks
 from mtp_hooks import cli
 
 from plugin_answers import answers
-
-
-@pytest.mark.parametrize(
-    ("policy", "loss_scale", "metrics"),
-    [
-        ("train=run+detach", None, False),
-        ("train = RUN + detach", None, False),
-        ("train=run:0.3+detach+metrics", 0.3, True),
-        ("train=run:0.3+metrics+detach", 0.3, True),
-        ({"train": {"mtp": "run", "detach": True}}, None, False),
-        ({"train": {"mtp": "run", "loss_scale": 0.3, "metrics": True, "detach": True}}, 0.3, True),
-    ],
-)
-def test_detach_rides_on_run_in_any_order_and_form(policy, loss_scale, metrics):
-    mtp_hooks.configure(policy)
-    decision = mtp_hooks.decide(None, "train")
-    assert (decision.run, decision.detach, decision.detach_by) == (True, True, "config")
-    assert (decision.loss_scale, decision.metrics) == (loss_scale, metrics)
-    assert mtp_hooks.decide(None, "eval").detach is False
-
-
-@pytest.mark.parametrize(
-    ("policy", "message"),
-    [
-        ("train=skip+detach", r"key 'train': '\+detach' needs MTP to run; write 'run\+detach'"),
-        ("train=run+detach+detach", r"give '\+detach' once"),
-        ("train=run:0.3+detach+metrics+detach", r"give '\+detach' once"),
-        ("train=run+detached", r"unknown option '\+detached'"),
-        ({"train": {"mtp": "skip", "detach": True}}, r"'\+detach' needs MTP to run"),
-        ({"train": {"mtp": "run", "detach": "yes"}}, "'detach' is true or false, not 'yes'"),
-        ({"train": {"mtp": "run+detach"}}, "a table takes 'mtp'"),
-    ],
-)
-def test_malformed_detach_is_a_policy_error_that_changes_nothing(policy, message):
-    mtp_hooks.configure("train=run+metrics")
-    with pytest.raises(mtp_hooks.PolicyError, match=message) as info:
-        mtp_hooks.configure(policy)
-    assert "mtp_hooks.configure()" in str(info.value)
-    decision = mtp_hooks.decide(None, "train")
-    assert (decision.metrics, decision.detach) == (True, False)
-
-
-def test_auto_with_detach_detaches_only_when_the_plugins_run_mtp(voter):
-    mtp_hooks.configure("train=auto+detach")
-    plugin = voter(True, name="v")
-    assert mtp_hooks.decide(None, "train").detach is True
-    plugin.value = False
-    mtp_hooks.configure("train=auto+detach")  # a new generation: decide again
-    decision = mtp_hooks.decide(None, "train")
-    assert (decision.run, decision.detach) == (False, False)
 
 
 def test_a_plugin_detaches_when_the_config_does_not_say():

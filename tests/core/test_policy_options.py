@@ -109,3 +109,68 @@ def test_a_new_option_gets_the_parsers_checks_and_hints(with_echo):
 
 def test_every_option_has_its_step_in_the_decision_and_nothing_else_does():
     assert list(_decision.STEPS) == [option.name for option in OPTIONS]
+
+
+FLAGS = [option.name for option in OPTIONS if option.shown and not option.choices]
+
+
+def malformed(flag: str) -> list[tuple[object, str]]:
+    """Each way a flag option can be given wrong, and what the error says."""
+    return [
+        (f"train=skip+{flag}", rf"key 'train': '\+{flag}' needs MTP to run; write 'run\+{flag}'"),
+        (f"train=run+{flag}+{flag}", rf"give '\+{flag}' once"),
+        (f"train=run:0.3+{flag}+mask:labels+{flag}", rf"give '\+{flag}' once"),
+        (f"train=run+{flag}ed", rf"unknown option '\+{flag}ed' \(did you mean '\+{flag}'\?\): "),
+        ({"train": {"mtp": "skip", flag: True}}, rf"'\+{flag}' needs MTP to run"),
+        ({"train": {"mtp": "run", flag: "yes"}}, f"'{flag}' is true or false, not 'yes'"),
+        ({"train": {"mtp": f"run+{flag}"}}, "a table takes 'mtp'"),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("policy", "message"), [case for flag in FLAGS for case in malformed(flag)]
+)
+def test_a_flag_option_given_wrong_is_a_policy_error_that_changes_nothing(policy, message):
+    mtp_hooks.configure("train=run:0.5+mask:labels")
+    before = mtp_hooks.decide(None, "train")
+    with pytest.raises(mtp_hooks.PolicyError, match=message) as info:
+        mtp_hooks.configure(policy)
+    assert "mtp_hooks.configure()" in str(info.value)
+    assert mtp_hooks.decide(None, "train") == before
+
+
+def well_formed(flag: str) -> list[tuple[str, object, float | None]]:
+    """Each way a flag option rides on ``run``, and the loss weight it comes with."""
+    return [
+        (flag, f"train=run+{flag}", None),
+        (flag, f"train = RUN + {flag}", None),
+        (flag, f"train=run:0.3+{flag}+mask:labels", 0.3),
+        (flag, f"train=run:0.3+mask:labels+{flag}", 0.3),
+        (flag, {"train": {"mtp": "run", flag: True}}, None),
+        (flag, {"train": {"mtp": "run", "loss_scale": 0.3, flag: True}}, 0.3),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("flag", "policy", "loss_scale"), [case for flag in FLAGS for case in well_formed(flag)]
+)
+def test_a_flag_option_rides_on_run_in_any_order_and_form_and_in_its_phase_only(
+    flag, policy, loss_scale
+):
+    mtp_hooks.configure(policy)
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.run, getattr(decision, flag), decision.loss_scale) == (True, True, loss_scale)
+    by = [f for f in _policy_entry.by_name(flag).decision_fields if f.endswith("_by")]
+    assert [getattr(decision, f) for f in by] == ["config"] * len(by)
+    assert getattr(mtp_hooks.decide(None, "eval"), flag) is False
+
+
+@pytest.mark.parametrize("flag", FLAGS)
+def test_auto_with_a_flag_option_sets_it_only_when_the_plugins_run_mtp(voter, flag):
+    mtp_hooks.configure(f"train=auto+{flag}")
+    plugin = voter(True, name="v")
+    assert getattr(mtp_hooks.decide(None, "train"), flag) is True
+    plugin.value = False
+    mtp_hooks.configure(f"train=auto+{flag}")  # a new generation: decide again
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.run, getattr(decision, flag)) == (False, False)
