@@ -359,9 +359,11 @@ def _decide(
         shared = not decision.votes
         cacheable = (shared or _registry().votes_cacheable()) and not tracing
     if decision.run:
+        implements = _registry().implements
         for option in _policy_entry.OPTIONS:
-            decision, fresh = STEPS[option.name](decision, entry, model, phase, role)
-            cacheable = cacheable and fresh
+            if entry is not None or (option.hook is not None and implements(option.hook)):
+                decision, fresh = STEPS[option.name](decision, entry, model, phase, role)
+                cacheable = cacheable and fresh
     if cacheable and shared:
         memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
     if tracing:

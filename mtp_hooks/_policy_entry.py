@@ -129,6 +129,10 @@ class PolicyOption:
         entry_fields: The :class:`~mtp_hooks._policy_entry.PolicyEntry` fields it sets.
         decision_fields: The :class:`~mtp_hooks._decision.Decision` fields it sets.
         plan: The phase plan's fields it sets (:class:`PlanField`).
+        hook: The plugin hook whose answers set it where the policy config does not
+            (``mtp_detach_heads`` for ``detach``), or ``None``: only the config sets it. A
+            decision asks an option's step only where the config names the key or a plugin
+            implements this hook.
     """
 
     name: str
@@ -140,6 +144,7 @@ class PolicyOption:
     entry_fields: tuple[str, ...]
     decision_fields: tuple[str, ...]
     plan: tuple[PlanField, ...]
+    hook: str | None = None
 
     @property
     def spellings(self) -> tuple[str, ...]:
@@ -269,6 +274,7 @@ OPTIONS: Final = (
         entry_fields=("loss_scale",),
         decision_fields=("loss_scale", "loss_scale_by"),
         plan=(PlanField("loss_scale", None, "a loss weight (run:W or mtp_loss_scale)"),),
+        hook="mtp_loss_scale",
     ),
     PolicyOption(
         name="metrics",
@@ -291,6 +297,7 @@ OPTIONS: Final = (
         entry_fields=("detach",),
         decision_fields=("detach", "detach_by"),
         plan=(PlanField("detach", False, "+detach"),),
+        hook="mtp_detach_heads",
     ),
     PolicyOption(
         name="mask",
@@ -316,6 +323,7 @@ OPTIONS: Final = (
         entry_fields=("objective", "temperature"),
         decision_fields=("objective", "temperature", "objective_by"),
         plan=(PlanField("objective", None, "+objective"),),
+        hook="mtp_objective",
     ),
 )
 """Every policy option, in the order the parser checks them and messages list them: an option

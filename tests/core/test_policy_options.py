@@ -174,3 +174,10 @@ def test_auto_with_a_flag_option_sets_it_only_when_the_plugins_run_mtp(voter, fl
     mtp_hooks.configure(f"train=auto+{flag}")  # a new generation: decide again
     decision = mtp_hooks.decide(None, "train")
     assert (decision.run, getattr(decision, flag)) == (False, False)
+
+
+def test_the_hook_an_option_names_is_a_hook_of_the_library():
+    from mtp_hooks import hookspecs
+
+    hooks = [option.hook for option in OPTIONS if option.hook is not None]
+    assert hooks and all(callable(getattr(hookspecs, hook, None)) for hook in hooks)
