@@ -169,7 +169,7 @@ def test_a_callers_own_compute_mtp_loss_false_against_an_objective_is_refused_no
     mtp_hooks.clip_mtp_apart(model)
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=run+detach+objective:kl")
-    with pytest.raises(mtp_hooks.PolicyConflictError, match=r"with \+objective"):
+    with pytest.raises(mtp_hooks.PolicyConflictError, match=r"with \+detach and \+objective\."):
         model(*batch.args(), labels=batch.labels, compute_mtp_loss=False)
     assert "received" not in model.__dict__
     assert not model.output_layer._forward_hooks  # no objective call left open
