@@ -13,7 +13,6 @@ signature, returns the batch as one CP rank does.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import inspect
 import logging
 from collections.abc import Iterable
@@ -27,6 +26,7 @@ import torch
 import mtp_hooks
 import mtp_hooks_bridge
 
+from bridge_files import bridge_root, load_file
 from model_fixtures import SEQ, VOCAB, guards_empty_masks
 
 BRIDGE_FUNCTIONS = (
@@ -38,23 +38,10 @@ BRIDGE_FUNCTIONS = (
 )
 
 
-def bridge_root() -> Path | None:
-    spec = importlib.util.find_spec("megatron.bridge")
-    return None if spec is None else Path(next(iter(spec.submodule_search_locations)))
-
-
 pytestmark = [
     pytest.mark.skipif(bridge_root() is None, reason="megatron-bridge is not installed"),
     pytest.mark.skipif(not guards_empty_masks(), reason="masks are refused on megatron 0.16"),
 ]
-
-
-def load_file(path: Path, name: str):
-    """A Bridge module whose imports are megatron-core and torch only, loaded from its file."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_functions(path: Path, names: tuple[str, ...], namespace: dict) -> SimpleNamespace:

@@ -12,9 +12,7 @@ maps no ``mtp.*`` name, so its export leaves the MTP block behind.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -23,17 +21,13 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import nemotron_models
 
+from bridge_files import bridge_root, load_file
 from model_fixtures import has_hybrid, nemotron_spec
 
 pytestmark = [
     pytest.mark.skipif(not has_hybrid(), reason="HybridModel needs megatron-core 0.18+"),
     pytest.mark.usefixtures("mamba_cpu"),
 ]
-
-
-def bridge_root() -> Path | None:
-    spec = importlib.util.find_spec("megatron.bridge")
-    return Path(list(spec.submodule_search_locations)[0]) if spec else None
 
 
 ROOT = bridge_root()
@@ -48,12 +42,10 @@ CONVERSION = "megatron.bridge.models.conversion"
 
 
 def load(relative: str, name: str, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    """Bridge's module at ``relative`` loaded from its file under its own name, so that the
-    next one's imports of it resolve; ``monkeypatch`` takes it out of ``sys.modules`` after."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / relative)
-    module = importlib.util.module_from_spec(spec)
+    """Bridge's module at ``relative`` under its own name in ``sys.modules`` (taken out again
+    by ``monkeypatch``), so that the next one's imports of it resolve."""
+    module = load_file(ROOT / relative, name)
     monkeypatch.setitem(sys.modules, name, module)
-    spec.loader.exec_module(module)
     return module
 
 
