@@ -180,9 +180,15 @@ def _parse_loss_scale(
     return {"loss_scale": None if scale is None else check_loss_scale(scale, where, value, example)}
 
 
-def _flag(name: str, unset: bool | None = None) -> Parse:
-    """The parse of a ``+name`` flag that needs MTP to run; ``unset`` is its field where it is
-    not given (``None`` lets plugins decide, as for ``detach``)."""
+def flag_option(
+    name: str,
+    decision_fields: tuple[str, ...],
+    unset: bool | None = None,
+    hook: str | None = None,
+) -> PolicyOption:
+    """A ``+name`` flag (TOML ``name = true``) that needs MTP to run: its entry field and plan
+    field are both ``name``, the plan's plain value ``False``. ``unset`` is the entry field
+    where it is not given (``None`` lets plugins decide, as for ``detach``)."""
 
     def parse(
         table: Mapping[str, Any], where: str, value: str, parsed: Mapping[str, Any]
@@ -191,7 +197,18 @@ def _flag(name: str, unset: bool | None = None) -> Parse:
         needs_a_run(name, flag, where, value)
         return {name: unset if flag is None else flag}
 
-    return parse
+    return PolicyOption(
+        name=name,
+        shown=f"'+{name}'",
+        choices=(),
+        keys=(name,),
+        parse=parse,
+        spell=lambda e: f"+{name}" if getattr(e, name) else "",
+        entry_fields=(name,),
+        decision_fields=decision_fields,
+        plan=(PlanField(name, False, f"+{name}"),),
+        hook=hook,
+    )
 
 
 def _parse_mask(
@@ -276,29 +293,8 @@ OPTIONS: Final = (
         plan=(PlanField("loss_scale", None, "a loss weight (run:W or mtp_loss_scale)"),),
         hook="mtp_loss_scale",
     ),
-    PolicyOption(
-        name="metrics",
-        shown="'+metrics'",
-        choices=(),
-        keys=("metrics",),
-        parse=_flag("metrics", unset=False),
-        spell=lambda e: "+metrics" if e.metrics else "",
-        entry_fields=("metrics",),
-        decision_fields=("metrics",),
-        plan=(PlanField("metrics", False, "+metrics"),),
-    ),
-    PolicyOption(
-        name="detach",
-        shown="'+detach'",
-        choices=(),
-        keys=("detach",),
-        parse=_flag("detach"),
-        spell=lambda e: "+detach" if e.detach else "",
-        entry_fields=("detach",),
-        decision_fields=("detach", "detach_by"),
-        plan=(PlanField("detach", False, "+detach"),),
-        hook="mtp_detach_heads",
-    ),
+    flag_option("metrics", ("metrics",), unset=False),
+    flag_option("detach", ("detach", "detach_by"), hook="mtp_detach_heads"),
     PolicyOption(
         name="mask",
         shown="'+mask:labels'",

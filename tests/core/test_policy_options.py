@@ -10,7 +10,7 @@ import pytest
 
 import mtp_hooks
 from mtp_hooks import _decision, _policy, _policy_entry
-from mtp_hooks._policy_entry import OPTIONS, PlanField, PolicyOption
+from mtp_hooks._policy_entry import OPTIONS
 
 ENTRY_BOOKKEEPING = {"value", "source"}
 DECISION_BOOKKEEPING = {"run", "kind", "voters", "votes", "phase", "role", "source"}
@@ -56,25 +56,8 @@ class EntryWithEcho(_policy_entry.PolicyEntry):
     echo: bool | None = None
 
 
-def _echo(table, where, value, parsed):
-    flag = table.get("echo")
-    if flag is not None and not isinstance(flag, bool):
-        raise mtp_hooks.PolicyError(f"{where}: 'echo' is true or false, not {flag!r}")
-    _policy_entry.needs_a_run("echo", flag, where, value)
-    return {"echo": flag}
-
-
-ECHO = PolicyOption(
-    name="echo",
-    shown="'+echo'",
-    choices=(),
-    keys=("echo",),
-    parse=_echo,
-    spell=lambda e: "+echo" if e.echo else "",
-    entry_fields=("echo",),
-    decision_fields=(),
-    plan=(PlanField("echo", False, "+echo"),),
-)
+ECHO = _policy_entry.flag_option("echo", decision_fields=())
+"""docs/contributing.md's made-up flag (in the docs it also adds a decision field)."""
 
 
 @pytest.fixture
