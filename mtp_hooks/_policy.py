@@ -70,10 +70,10 @@ def _table_value(
 ) -> tuple[PolicyValue, Mapping[str, Any]]:
     """A TOML table's value (``mtp``) and the table, whose option keys are checked by name."""
     keys = table_keys()
-    takes = listed([repr(k) for k in keys])
     unknown = sorted(str(k) for k in set(raw) - set(keys))
     if unknown:
         names = ", ".join(f"{k!r}{did_you_mean(k, keys)}" for k in unknown)
+        takes = listed([repr(k) for k in keys])
         raise PolicyError(
             option=unknown[0],
             message=f"{where}: unknown table key {names}; a table takes {takes}",
@@ -92,10 +92,9 @@ def _table_value(
 def _compact_value(raw: str, where: str) -> tuple[PolicyValue, dict[str, Any]]:
     """A policy string's value, and its weight and options read into a table: ``+detach`` is
     ``detach = true``, ``+mask:labels`` is ``mask = "labels"``, ``run:0.3`` ``loss_scale = 0.3``."""
-    allowed = allowed_values()
     match = _GRAMMAR.fullmatch(raw.lower())
     if match is None:
-        raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed}")
+        raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
     table: dict[str, Any] = {}
     for given in ("".join(o.split()) for o in match["options"].split("+")[1:]):
         name, colon, argument = given.partition(":")
@@ -112,10 +111,10 @@ def _compact_value(raw: str, where: str) -> tuple[PolicyValue, dict[str, Any]]:
     named = VALUES.get(match["value"])
     if named is None:
         hint = did_you_mean(match["value"], VALUES)
-        raise PolicyError(f"{where} has value {raw!r}{hint}; allowed values are {allowed}")
+        raise PolicyError(f"{where} has value {raw!r}{hint}; allowed values are {allowed_values()}")
     if match["weight"] is not None:
         if named != "run":
-            raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed}")
+            raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
         table["loss_scale"] = parse_loss_scale(match["weight"], where)
     return named, table
 
