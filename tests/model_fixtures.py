@@ -341,6 +341,18 @@ def train_step(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor | Non
     }
 
 
+def measured_eval(model, batch, labels=None, loss_mask=None) -> mtp_hooks.AttachHandle:
+    """Attach ``model`` under ``eval=run+metrics`` and run one evaluation forward of ``batch``
+    (with ``labels``, the batch's own by default, and ``loss_mask``); returns the handle, whose
+    metrics hold that forward."""
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run+metrics")
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args(), labels=batch.labels if labels is None else labels, loss_mask=loss_mask)
+    return handle
+
+
 def forward_in(model, batch, phase: str) -> None:
     with torch.no_grad(), mtp_hooks.phase(phase):
         model(*batch.args(), labels=batch.labels)

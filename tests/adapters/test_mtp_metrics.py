@@ -15,7 +15,7 @@ from mtp_hooks import MTPMetrics, PluginError
 from mtp_hooks.demo import tiny_models
 
 from engine_reference import sampled_walk
-from model_fixtures import SEQ, VOCAB, Paused, deepcopy_model, native
+from model_fixtures import SEQ, VOCAB, Paused, deepcopy_model, measured_eval, native
 
 DEPTHS = 2
 
@@ -115,12 +115,7 @@ def test_acceptance_is_one_for_a_head_that_predicts_every_label(
 ):
     model = deep()
     set_head_to_predict(model, token)
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("eval=run+metrics")
-    labels = torch.full_like(batch.labels, 7)
-    with torch.no_grad():
-        model.eval()
-        model(*batch.args(), labels=labels, loss_mask=loss_mask)
+    handle = measured_eval(model, batch, torch.full_like(batch.labels, 7), loss_mask)
     assert handle.metrics()["eval"].acceptance == (expected,) * DEPTHS
 
 
@@ -186,15 +181,11 @@ def chained_by_hand(labels, mask, token: int, depths: int) -> tuple[list[float],
 def test_chained_acceptance_and_accepted_length_count_greedy_chains(deep, batch, loss_mask):
     model = deep()
     set_head_to_predict(model, 7)
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("eval=run+metrics")
     labels = torch.full_like(batch.labels, 8)
     labels[0, ::3] = 7  # depth 1 hits a third of the positions, both depths together none
     labels[0, 8:] = 7  # ... except in this run of sevens, where chains are two long
     labels[1, :6] = 7
-    with torch.no_grad():
-        model.eval()
-        model(*batch.args(), labels=labels, loss_mask=loss_mask)
+    handle = measured_eval(model, batch, labels, loss_mask)
     metrics = handle.metrics()["eval"]
     chain, accepted, per_position = chained_by_hand(labels, loss_mask, 7, DEPTHS)
     assert metrics.chain_acceptance[0] == metrics.acceptance[0]
@@ -212,15 +203,11 @@ def test_a_chain_over_a_one_position_hole_in_the_mask_is_walked_once(deep, batch
     there, and the stretch after the hole starts no walk of its own."""
     model = deep()
     set_head_to_predict(model, 7)
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("eval=run+metrics")
     labels = torch.full_like(batch.labels, 7)
     labels[:, 10:] = 8  # no chain is accepted after the hole: counted twice, it weighs double
     mask = torch.ones_like(labels, dtype=torch.float)
     mask[:, 9] = 0  # the hole: the walk verifies at 0, 3 and 6, whose chain lands on 9
-    with torch.no_grad():
-        model.eval()
-        model(*batch.args(), labels=labels, loss_mask=mask)
+    handle = measured_eval(model, batch, labels, mask)
     _, accepted, _ = chained_by_hand(labels, mask, 7, DEPTHS)
     assert accepted == pytest.approx(6 / 9)  # 2 + 2 + 2 drafts at 0, 3, 6; then 9 to 14
     assert handle.metrics()["eval"].accepted_length == pytest.approx(accepted, abs=1e-6)
@@ -385,11 +372,7 @@ def test_two_threads_record_the_same_model_at_once(deep, batch):
 
 def test_a_deep_copy_starts_with_no_metrics_and_records_its_own(deep, batch):
     model = deep()
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("eval=run+metrics")
-    model.eval()
-    with torch.no_grad():
-        model(*batch.args(), labels=batch.labels)
+    handle = measured_eval(model, batch)
     clone = deepcopy_model(model)
     clone_handle = mtp_hooks.attach(clone)
     assert clone_handle.metrics() == {}
@@ -440,11 +423,7 @@ def test_the_sampled_acceptance_is_the_chance_a_sampled_draft_equals_a_sampled_t
     model = deep(seed=3)
     hidden: list[torch.Tensor] = []
     probe = model.mtp.register_forward_hook(lambda m, a, out: hidden.append(out.detach()))
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("eval=run+metrics")
-    model.eval()
-    with torch.no_grad():
-        model(*batch.args(), labels=batch.labels, loss_mask=loss_mask)
+    handle = measured_eval(model, batch, loss_mask=loss_mask)
     probe.remove()
     got = handle.metrics()["eval"]
 

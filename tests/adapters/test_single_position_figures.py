@@ -16,7 +16,7 @@ from mtp_hooks.demo import tiny_models
 from mtp_hooks.framework import AcceptanceController
 
 from engine_reference import first_depth_drafts, one_request_at_a_time
-from model_fixtures import SEQ, VOCAB, packed_row
+from model_fixtures import SEQ, VOCAB, measured_eval, packed_row
 
 DEPTHS = 2
 
@@ -80,12 +80,7 @@ def test_the_single_position_figures_equal_megatrons_engine_drafting_one_request
 
 def test_a_megatron_core_that_drafts_otherwise_reports_no_single_position_figure(deep, batch):
     model = deep()
-    handle = mtp_hooks.attach(model)
-    mtp_hooks.configure("eval=run+metrics")
-    model.eval()
-    with torch.no_grad():
-        model(*batch.args(), labels=batch.labels)
-    got = handle.metrics()["eval"]
+    got = measured_eval(model, batch).metrics()["eval"]
     if engine_drafts(model):
         assert got.single_position_accepted_length is not None
         assert got.single_position_sampled_accepted_length is not None

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 import mtp_hooks
-from mtp_hooks.demo import tiny_models
 
+from megatron_training import tiny_gpt, train_steps, wrap
 from model_fixtures import has_detach_field
 
 pytestmark = [
@@ -24,41 +24,27 @@ pytestmark = [
     pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 
-STEPS, MICROBATCHES, SEQ, MBS, VOCAB = 4, 2, 128, 2, 1024
+STEPS, MICROBATCHES = 4, 2
 CLIP = 0.05  # below every step's gradient norm here, so every step clips
 
 
 def train(policy: str, optimizer_kind: str, *, tag: bool, built_detach: bool = False) -> dict:
     """Train STEPS steps under ``policy``; return the trunk and MTP weights after, and the
     trunk's gradient norm of each step (before clipping)."""
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
 
     distributed = optimizer_kind == "distributed"
-    spec = tiny_models.TinySpec(
-        hidden_size=256,
-        num_layers=2,
-        num_attention_heads=8,
-        vocab_size=VOCAB,
-        seq_length=SEQ,
-        extra={"mtp_detach_heads": True} if built_detach else {},
-    )
-    torch.manual_seed(0)
-    model = tiny_models.build_gpt(spec, attention="local").cuda()
+    model = tiny_gpt(**({"mtp_detach_heads": True} if built_detach else {}))
     if tag:
         mtp_hooks.clip_mtp_apart(model)
     else:
         for param in model.mtp.parameters():  # megatron's own tags of a built flag, removed
             if hasattr(param, "grad_norm_group"):
                 del param.grad_norm_group
-    ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=distributed)
-    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
-    optimizer = get_megatron_optimizer(
+    wrapped = wrap(
+        model,
+        DistributedDataParallelConfig(use_distributed_optimizer=distributed),
         OptimizerConfig(
             optimizer="adam",
             lr=1e-3,
@@ -66,46 +52,16 @@ def train(policy: str, optimizer_kind: str, *, tag: bool, built_detach: bool = F
             clip_grad=CLIP,
             use_distributed_optimizer=distributed,
         ),
-        [ddp],
     )
-    model.config.no_sync_func = ddp.no_sync
-    model.config.finalize_model_grads_func = finalize_model_grads
-    handle = mtp_hooks.attach(ddp)
+    handle = mtp_hooks.attach(wrapped.ddp)
     mtp_hooks.configure(policy)
-
-    g = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(0, VOCAB, (STEPS * MICROBATCHES, MBS, SEQ), device="cuda", generator=g)
-    pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(MBS, -1)
-
-    def forward_step(data_iterator, model):
-        batch = next(data_iterator)
-        output = model(batch, pos, None, labels=torch.roll(batch, -1, dims=1))
-        return output, lambda out: (out.float().mean(), {})
-
-    norms = []
-    fwd_bwd = get_forward_backward_func()
-    for step in range(STEPS):
-        ddp.zero_grad_buffer()
-        optimizer.zero_grad()
-        fwd_bwd(
-            forward_step_func=forward_step,
-            data_iterator=iter(ids[step * MICROBATCHES : (step + 1) * MICROBATCHES]),
-            model=[ddp],
-            num_microbatches=MICROBATCHES,
-            seq_length=SEQ,
-            micro_batch_size=MBS,
-            forward_only=False,
-        )
-        ok, norm, _ = optimizer.step()
-        assert ok
-        norms.append(float(norm))
-    torch.cuda.synchronize()
+    steps = train_steps(wrapped, STEPS, MICROBATCHES)
     handle.remove()
     weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     return {
         "trunk": {n: w for n, w in weights.items() if not n.startswith("mtp.")},
         "mtp": {n: w for n, w in weights.items() if n.startswith("mtp.")},
-        "norms": norms,
+        "norms": [step.grad_norm for step in steps],
     }
 
 

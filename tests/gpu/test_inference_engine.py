@@ -19,6 +19,8 @@ import torch
 
 import mtp_hooks
 
+from engine_rollouts import assert_attaching_changes_no_rollout
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "rl_drafter"))
 
 
@@ -99,14 +101,6 @@ def test_the_engine_drafts_and_accepts_some_drafts(trained):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_rollouts_are_token_for_token_those_of_the_model_with_nothing_attached(trained, policy):
-    plain = trained.engine(trained.prompts, trained.gen)
-    handle = mtp_hooks.attach(trained.model)
-    try:
-        mtp_hooks.configure(policy)
-        hooked = trained.engine(trained.prompts, trained.gen)
-        stats = handle.stats()
-    finally:
-        handle.remove()
-    assert hooked.tokens == plain.tokens
-    assert (hooked.drafts, hooked.accepted) == (plain.drafts, plain.accepted)
-    assert set(stats) == {"inference"} and set(stats["inference"]) == {"untouched"}
+    assert_attaching_changes_no_rollout(
+        trained.model, policy, lambda: trained.engine(trained.prompts, trained.gen)
+    )

@@ -16,13 +16,14 @@ import pytest
 import torch
 
 import mtp_hooks
-from mtp_hooks.demo import tiny_models
+
+from megatron_training import tiny_gpt, train_steps, wrap
 
 pytestmark = [
     pytest.mark.usefixtures("cuda_mtp_tracker"),
 ]
 
-STEPS, MICROBATCHES, SEQ, MBS, VOCAB = 3, 4, 128, 2, 1024
+STEPS, MICROBATCHES = 3, 4
 
 
 class SkipLastMicrobatch:
@@ -67,19 +68,10 @@ def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
     ``naive_from_step`` on. ``attach_inner`` attaches mtp-hooks to the bare model instead of
     the DDP wrapper, so it cannot reach DDP's param-gather buckets.
     """
-    from megatron.core.distributed import (
-        DistributedDataParallel,
-        DistributedDataParallelConfig,
-        finalize_model_grads,
-    )
-    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-    from megatron.core.pipeline_parallel import get_forward_backward_func
+    from megatron.core.distributed import DistributedDataParallelConfig
+    from megatron.core.optimizer import OptimizerConfig
 
-    spec = tiny_models.TinySpec(
-        hidden_size=256, num_layers=2, num_attention_heads=8, vocab_size=VOCAB, seq_length=SEQ
-    )
-    torch.manual_seed(0)
-    model = tiny_models.build_gpt(spec, attention="local").cuda()
+    model = tiny_gpt()
     if mode == "frozen":
         mtp_hooks.freeze_mtp(model)
     if mode == "naive":
@@ -87,65 +79,29 @@ def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
     mtp_before = {
         n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp.")
     }
-    ddp_config = DistributedDataParallelConfig(
-        overlap_grad_reduce=True,
-        use_distributed_optimizer=True,
-        overlap_param_gather=True,
-        bucket_size=40_000,  # several buckets, so MTP parameters get buckets of their own
-    )
-    ddp = DistributedDataParallel(config=model.config, ddp_config=ddp_config, module=model)
-    optimizer = get_megatron_optimizer(
+    wrapped = wrap(
+        model,
+        DistributedDataParallelConfig(
+            overlap_grad_reduce=True,
+            use_distributed_optimizer=True,
+            overlap_param_gather=True,
+            bucket_size=40_000,  # several buckets, so MTP parameters get buckets of their own
+        ),
         OptimizerConfig(
             optimizer="adam", lr=1e-3, weight_decay=0.1, use_distributed_optimizer=True
         ),
-        [ddp],
     )
-    config = model.config
-    config.no_sync_func = ddp.no_sync
-    config.finalize_model_grads_func = finalize_model_grads
     if mode != "naive":
-        mtp_hooks.attach(model if attach_inner else ddp)
+        mtp_hooks.attach(model if attach_inner else wrapped.ddp)
     if mode in ("run",):
         mtp_hooks.configure("train=run")
     elif mode in ("skip", "frozen"):
         mtp_hooks.configure("train=skip")
     elif mode == "skip_last":
         mtp_hooks.plugins.register(SkipLastMicrobatch(), name="skip-last-microbatch")
-
-    g = torch.Generator(device="cuda").manual_seed(1)
-    ids = torch.randint(0, VOCAB, (STEPS * MICROBATCHES, MBS, SEQ), device="cuda", generator=g)
-    pos = torch.arange(SEQ, device="cuda").unsqueeze(0).expand(MBS, -1)
-
-    def forward_step(data_iterator, model):
-        batch = next(data_iterator)
-        output = model(batch, pos, None, labels=torch.roll(batch, -1, dims=1))
-
-        def loss_func(output_tensor):
-            loss = output_tensor.float().mean()
-            return loss, {"lm loss": loss.detach()}
-
-        return output, loss_func
-
-    losses = []
-    fwd_bwd = get_forward_backward_func()
-    for step in range(STEPS):
-        ddp.zero_grad_buffer()
-        optimizer.zero_grad()
-        out = fwd_bwd(
-            forward_step_func=forward_step,
-            data_iterator=iter(ids[step * MICROBATCHES : (step + 1) * MICROBATCHES]),
-            model=[ddp],
-            num_microbatches=MICROBATCHES,
-            seq_length=SEQ,
-            micro_batch_size=MBS,
-            forward_only=False,
-        )
-        ok, _, _ = optimizer.step()
-        assert ok
-        losses.append(float(torch.stack([o["lm loss"] for o in out]).mean()))
-    torch.cuda.synchronize()
+    losses = [step.loss for step in train_steps(wrapped, STEPS, MICROBATCHES)]
     mtp_after = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp.")}
-    mtp_hooks.detach(ddp)
+    mtp_hooks.detach(wrapped.ddp)
     return losses, mtp_before, mtp_after
 
 

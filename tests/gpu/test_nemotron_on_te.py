@@ -23,6 +23,7 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import nemotron_models, tiny_models
 
+from engine_rollouts import assert_attaching_changes_no_rollout
 from model_fixtures import has_detach_field
 from nemotron_on_gpu import (
     DEPTHS,
@@ -197,20 +198,12 @@ def trained():
 @pytest.mark.parametrize("policy", ["rollout=skip", "train=run+detach,eval=run+metrics"])
 def test_the_engine_drafts_the_same_tokens_with_the_library_attached(trained, k, policy):
     engine = trained.engines[k]
-    plain = engine(trained.prompts, trained.args.gen)
-    assert plain.drafts[0] > 0 and plain.accepted[0] > 0
     if policy.startswith("train=run+detach"):
         mtp_hooks.clip_mtp_apart(trained.model)
-    handle = mtp_hooks.attach(trained.model)
-    try:
-        mtp_hooks.configure(policy)
-        hooked = engine(trained.prompts, trained.args.gen)
-        stats = handle.stats()
-    finally:
-        handle.remove()
-    assert hooked.tokens == plain.tokens
-    assert (hooked.drafts, hooked.accepted) == (plain.drafts, plain.accepted)
-    assert set(stats) == {"inference"} and set(stats["inference"]) == {"untouched"}
+    plain = assert_attaching_changes_no_rollout(
+        trained.model, policy, lambda: engine(trained.prompts, trained.args.gen)
+    )
+    assert plain.drafts[0] > 0 and plain.accepted[0] > 0
 
 
 @needs_engine
