@@ -1,6 +1,7 @@
 """The per-phase policy config: parsing and validating a policy, from a string, dict or file.
 
-The sources themselves, and when they are read, are in :mod:`mtp_hooks._sources`. Values are
+The sources themselves, and when they are read, are in :mod:`mtp_hooks._sources`; a TOML file
+(``MTP_HOOKS_CONFIG``) holds the policy in its ``[policy]`` table, parsed as a dict is. Values are
 ``run``, ``skip`` and ``auto`` (no opinion: the plugins decide); ``run:WEIGHT`` also sets the MTP
 loss weight. Options follow ``run`` or ``auto`` in any order: ``+metrics`` records MTP quality
 metrics, ``+detach`` trains MTP without its gradient reaching the trunk, ``+mask:labels`` keeps
@@ -11,7 +12,9 @@ next-token distribution instead of the labels.
 
 from __future__ import annotations
 
+import os
 import re
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -32,7 +35,12 @@ from ._policy_entry import (
 from ._policy_errors import Errors, did_you_mean
 from ._weights import parse_loss_scale
 
-__all__ = ["parse_policy"]
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised only on Python 3.10
+    import tomli as tomllib
+
+__all__ = ["load_policy_file", "parse_file", "parse_policy"]
 
 # VALUE[:WEIGHT](+OPTION)*, spaces allowed around ':' and '+'. An option starts with a letter,
 # so the '+' of an exponent (run:1e+3) is part of the weight.
@@ -254,3 +262,56 @@ def _from_compact_item(
         )
     key = _key(raw_key, source)
     _add(entries, key, raw_key.strip(), raw_value, source)
+
+
+# -- a TOML file ------------------------------------------------------------------------------
+
+ENV_CONFIG = "MTP_HOOKS_CONFIG"
+
+
+def load_policy_file(path: str | os.PathLike[str]) -> dict[Key, PolicyEntry]:
+    """Read and validate the ``[policy]`` table of a TOML file."""
+    try:
+        with open(path, "rb") as fh:
+            content = fh.read()
+    except OSError as exc:
+        source = f"{ENV_CONFIG} file {os.fspath(path)!r}"
+        raise PolicyError(
+            f"{source}: cannot read it: {exc.strerror or exc}", source=source
+        ) from exc
+    return parse_file(os.fspath(path), content)
+
+
+def _policy_table(document: dict[str, Any], source: str) -> dict[Key, PolicyEntry]:
+    policy = document.get("policy")
+    if policy is None:
+        raise PolicyError(
+            f'{source}: no [policy] table; add one with PHASE = "run"|"skip"', source=source
+        )
+    if not isinstance(policy, dict):
+        raise PolicyError(
+            f"{source}: key 'policy' must be a table ([policy]), got {type(policy).__name__}",
+            source=source,
+        )
+    return parse_policy(policy, source)
+
+
+def read_bytes(path: str) -> bytes | None:
+    """The file's content, or ``None`` where it cannot be read (``parse_file`` says so)."""
+    try:
+        with open(path, "rb") as fh:
+            return fh.read()
+    except OSError:
+        return None
+
+
+def parse_file(path: str, content: bytes | None) -> dict[Key, PolicyEntry]:
+    """Validate the ``[policy]`` table of a TOML file's ``content`` (``None``: unreadable)."""
+    source = f"{ENV_CONFIG} file {path!r}"
+    if content is None:
+        raise PolicyError(f"{source}: cannot read it", source=source)
+    try:
+        document = tomllib.loads(content.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise PolicyError(f"{source}: invalid TOML: {exc}", source=source) from exc
+    return _policy_table(document, source)

@@ -24,9 +24,8 @@ from typing import Any
 
 from . import _env, _phase_catalogue, _runtime
 from ._errors import PolicyError
-from ._policy import parse_policy
+from ._policy import ENV_CONFIG, parse_file, parse_policy, read_bytes
 from ._policy_entry import Key, PolicyEntry
-from ._policy_file import ENV_CONFIG, parse_file, read_bytes
 
 ENV_POLICY = "MTP_HOOKS_POLICY"
 ENV_POLL = "MTP_HOOKS_CONFIG_POLL"

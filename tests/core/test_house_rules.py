@@ -22,7 +22,7 @@ LAYERS = {
     ],
     "policy": [
         "mtp_hooks._policy_errors", "mtp_hooks._phase_catalogue", "mtp_hooks._policy_entry",
-        "mtp_hooks._policy", "mtp_hooks._policy_file",
+        "mtp_hooks._policy",
         "mtp_hooks._sources", "mtp_hooks._decision", "mtp_hooks._explain", "mtp_hooks._loss_masks",
     ],
     "public faces below the adapters": [
@@ -40,6 +40,7 @@ LAYERS = {
 LONG = {
     "mtp_hooks.megatron._gate": "the gate: one class, its two hooks and their bookkeeping",
     "mtp_hooks._policy_entry": "a policy entry and its options, each declared once with its checks",
+    "mtp_hooks._policy": "the policy's grammar: a string, a mapping or a TOML file, every error",
     "mtp_hooks._decision": "the combination rule: the Decision record, config, plugins, default",
     "mtp_hooks._plugin_registry": "the one PluginManager: loading, registration, each hook's call",
 }

@@ -38,7 +38,7 @@ def test_a_table_whose_mtp_carries_a_weight_or_an_option_is_refused(table):
 def test_a_toml_table_whose_mtp_carries_a_weight_is_refused(tmp_path):
     path = tmp_path / "policy.toml"
     path.write_text('[policy]\ntrain = { mtp = "run:0.3" }\n')
-    from mtp_hooks._policy_file import load_policy_file
+    from mtp_hooks._policy import load_policy_file
 
     with pytest.raises(PolicyError, match="loss_scale"):
         load_policy_file(path)
@@ -208,7 +208,7 @@ def test_an_ignore_index_anywhere_in_int64_is_taken(ignore):
 
 
 def test_an_ignore_index_beyond_int64_in_toml_is_refused_when_the_file_is_read(tmp_path):
-    from mtp_hooks._policy_file import load_policy_file
+    from mtp_hooks._policy import load_policy_file
 
     path = tmp_path / "big.toml"
     path.write_text(

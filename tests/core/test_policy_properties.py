@@ -21,9 +21,8 @@ from hypothesis import strategies as st  # noqa: E402
 
 import mtp_hooks  # noqa: E402
 from mtp_hooks import PolicyError  # noqa: E402
-from mtp_hooks._policy import parse_policy  # noqa: E402
+from mtp_hooks._policy import parse_file, parse_policy  # noqa: E402
 from mtp_hooks._policy_entry import spell  # noqa: E402
-from mtp_hooks._policy_file import parse_file  # noqa: E402
 from mtp_hooks.cli import main as cli  # noqa: E402
 
 EXAMPLES = 300
