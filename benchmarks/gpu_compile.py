@@ -1,15 +1,20 @@
 """An attached model under ``torch.compile`` with inductor, on one GPU: the record for the docs.
 
-Run: ``python benchmarks/gpu_compile.py [--backend inductor] [--device cuda] [--out DIR]``.
-For a tiny real ``GPTModel`` with one MTP layer (megatron's local specs, bf16 on CUDA), and for
-each phase (a training step, an evaluation with labels, a rollout's log-prob pass) under
-``run`` and under ``skip``, it compiles two copies of the same weights, one attached and one
-never attached (for a skip: the trunk built without MTP), and reports:
+Run: ``python benchmarks/gpu_compile.py [--backend inductor] [--device cuda] [--out DIR]
+[--forms forward,module]``. For a tiny real ``GPTModel`` with one MTP layer (megatron's local
+specs, bf16 on CUDA), for each form of compiling it (``forward``:
+``model.forward = torch.compile(model.forward)``, which leaves the module's hooks to torch's
+eager call; ``module``: ``torch.compile(model)``, which traces them) and for each phase (a
+training step, an evaluation with labels, a rollout's log-prob pass) under ``run`` and under
+``skip``, it compiles two copies of the same weights the same way, one attached and one never
+attached (for a skip: the trunk built without MTP), and reports:
 
 * whether MTP ran (a forward hook on ``model.mtp``) and the handle's counts;
 * whether the attached model's outputs (the loss or logits, and for a training step every
   trunk gradient) are bit for bit those of the compiled copy without hooks;
-* the graph breaks dynamo counted for each, by reason: beyond the copy's, only the hooks'.
+* the graph breaks dynamo counted for each, by reason, and the graphs and operations it
+  captured: for the forward form, exactly the copy's; for the module form, the hooks' two
+  breaks beyond them.
 
 It prints a JSON line and a markdown table; ``--device cpu --backend eager`` is a smoke run.
 """
@@ -39,7 +44,15 @@ def main() -> None:
         default="train:run,train:skip,eval:run,eval:skip,rollout:run,rollout:skip",
         help="phase:decision pairs, comma-separated (default: every phase, run and skip)",
     )
+    parser.add_argument(
+        "--forms",
+        default="forward,module",
+        help="how the model is compiled: forward (its forward), module (the module), or both",
+    )
     args = parser.parse_args()
+    forms = args.forms.split(",")
+    if not set(forms) <= {"forward", "module"}:
+        sys.exit(f"gpu_compile: --forms: {args.forms!r} names a form other than forward, module")
     os.environ["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     warnings.simplefilter("ignore")
     import torch
@@ -88,35 +101,56 @@ def main() -> None:
             }
         return out.detach(), grads
 
-    def measured(model, phase):
+    def measured(model, phase, form):
+        # the same tracker for both copies: the keys megatron adds at its first MTP loss are
+        # guarded on, and a copy compiled after them would compile one graph fewer
+        tiny_models.reset_mtp_loss_tracker(device=args.device)
         dynamo.reset()
         counters.clear()
-        compiled = torch.compile(model, backend=args.backend)
-        step(model, compiled, phase)  # the compiling call
-        out, grads = step(model, compiled, phase)
+        if form == "module":
+            compiled = torch.compile(model, backend=args.backend)
+        else:  # torch's call of the module looks its forward up on the instance first
+            model.forward = torch.compile(model.forward, backend=args.backend)
+            compiled = model
+        try:
+            step(model, compiled, phase)  # the compiling call
+            out, grads = step(model, compiled, phase)
+        finally:
+            if form == "forward":
+                del model.forward
         reasons = collections.Counter()
         for reason, n in counters["graph_break"].items():
             reasons[reason.splitlines()[0]] += n
-        return out, grads, reasons
+        captured = (counters["stats"]["unique_graphs"], counters["stats"]["calls_captured"])
+        return out, grads, reasons, captured
 
-    rows = []
+    cases = []
     for case in args.cases.split(","):
         phase, decision = case.split(":")
         if phase not in PHASES or decision not in ("run", "skip"):
             sys.exit(f"gpu_compile: --cases: {case!r} is not PHASE:run or PHASE:skip")
-        tiny_models.reset_mtp_loss_tracker(device=args.device)
+        cases.extend((form, phase, decision) for form in forms)
+    # One eager training step first, so that what megatron sets up at its process's first MTP
+    # step is in place before any copy is compiled (else the first copy compiles once more).
+    tiny_models.reset_mtp_loss_tracker(device=args.device)
+    warm = build(mtp=True)
+    step(warm, warm, "train")
+    del warm
+    rows = []
+    for form, phase, decision in cases:
         model = build(mtp=True)
         reference = build(mtp=decision == "run")  # for a skip: the trunk, same weights
         trunk = {k: v for k, v in model.state_dict().items() if not k.startswith("mtp.")}
         reference.load_state_dict(trunk, strict=decision == "skip")
-        ref_out, ref_grads, ref_reasons = measured(reference, phase)
+        ref_out, ref_grads, ref_reasons, ref_captured = measured(reference, phase, form)
         ran = tiny_models.MTPForwards(model)
         handle = mtp_hooks.attach(model)
         mtp_hooks.configure(f"{phase}={decision}")
-        out, grads, reasons = measured(model, phase)
+        out, grads, reasons, captured = measured(model, phase, form)
         extra = reasons - ref_reasons
         rows.append(
             {
+                "form": form,
                 "phase": phase,
                 "decision": decision,
                 "mtp_forwards": ran.n,
@@ -126,6 +160,8 @@ def main() -> None:
                 and grads.keys() == ref_grads.keys(),
                 "breaks_reference": sum(ref_reasons.values()),
                 "breaks_attached_beyond_reference": dict(extra),
+                "breaks_attached_fewer_than_reference": dict(ref_reasons - reasons),
+                "graphs_and_operations": {"reference": ref_captured, "attached": captured},
                 "gates_restored": model.mtp_process is True and not handle.gates[0].records,
             }
         )
@@ -141,14 +177,18 @@ def main() -> None:
     }
     print(json.dumps(record))
     print(f"\n{args.backend} on {record['device']}, torch {torch.__version__}\n")
-    print("| phase | decision | MTP forwards | output bit for bit | trunk grads bit for bit "
-          "| breaks beyond the copy without hooks |")  # fmt: skip
-    print("|---|---|---|---|---|---|")
+    print("| compiled | phase | decision | MTP forwards | output bit for bit "
+          "| trunk grads bit for bit | breaks beyond the copy without hooks "
+          "| graphs, operations (copy; attached) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|")
     for r in rows:
         extra = ", ".join(f"{k} x{v}" for k, v in r["breaks_attached_beyond_reference"].items())
+        captured = r["graphs_and_operations"]
+        grads = r["trunk_grads_bitwise"] if r["phase"] == "train" else "-"
         print(
-            f"| {r['phase']} | {r['decision']} | {r['mtp_forwards']} | {r['output_bitwise']} "
-            f"| {r['trunk_grads_bitwise'] if r['phase'] == 'train' else '-'} | {extra or 'none'} |"
+            f"| {r['form']} | {r['phase']} | {r['decision']} | {r['mtp_forwards']} "
+            f"| {r['output_bitwise']} | {grads} "
+            f"| {extra or 'none'} | {captured['reference']}; {captured['attached']} |"
         )
     if args.out:
         os.makedirs(args.out, exist_ok=True)

@@ -210,8 +210,10 @@ def unwrap(model: Any) -> tuple[list[torch.nn.Module], list[torch.nn.Module]]:
                 raise UnsupportedModelError(
                     "mtp_hooks.attach: got a torch.compile'd model. dynamo does not see hooks "
                     "added to a model it has already traced, so the policy would not apply: "
-                    "attach the model itself, then compile it (model = torch.compile(model) "
-                    "after mtp_hooks.attach(model))."
+                    "attach the model itself, then compile its forward "
+                    "(model.forward = torch.compile(model.forward), which leaves the hooks "
+                    "outside dynamo, so it may come before or after attach) or the module "
+                    "(model = torch.compile(model) after mtp_hooks.attach(model))."
                 )
             inner = getattr(obj, "module", None)
             if not isinstance(inner, torch.nn.Module):
