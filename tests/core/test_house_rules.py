@@ -31,7 +31,7 @@ LAYERS = {
     "Megatron adapters": ["mtp_hooks.megatron", "mtp_hooks.megatron.*"],
     "the package": [
         "mtp_hooks", "mtp_hooks.__main__", "mtp_hooks.cli", "mtp_hooks._autostart",
-        "mtp_hooks.demo", "mtp_hooks.demo.*", "mtp_hooks.tiny_models",
+        "mtp_hooks.demo", "mtp_hooks.demo.*",
     ],
     "framework plugins": ["mtp_hooks_*"],
 }  # fmt: skip
@@ -144,6 +144,18 @@ def test_no_module_imports_itself_back_through_a_cycle():
     }
     assert any(name.startswith("mtp_hooks_verl") for name in graph)  # the plugins are read too
     assert cycles(graph) == []
+
+
+def test_every_name_in_the_layers_is_a_module_that_exists():
+    # a module merged or removed leaves no name behind that could hide a later one
+    names = modules()
+    stale = [
+        pattern
+        for patterns in LAYERS.values()
+        for pattern in patterns
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in names)
+    ]
+    assert stale == []
 
 
 def test_a_file_past_300_lines_is_one_concept_that_needs_the_room():
