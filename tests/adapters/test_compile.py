@@ -27,6 +27,8 @@ import torch
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
 
+from model_fixtures import Wrapper
+
 dynamo = pytest.importorskip("torch._dynamo")
 from torch._dynamo.utils import counters  # noqa: E402
 
@@ -109,11 +111,16 @@ def compiled_forward(model, batch, phase: str, form: str) -> Compilation:
     counters.clear()
     with compiled_in(form, model) as compiled:
         forward(compiled, batch, phase)
+    stats = counters["stats"]
+    return Compilation(breaks_by_reason(), stats["unique_graphs"], stats["calls_captured"])
+
+
+def breaks_by_reason() -> collections.Counter:
+    """The graph breaks dynamo counted since its counters were cleared, by first line."""
     reasons: collections.Counter = collections.Counter()
     for reason, n in counters["graph_break"].items():
         reasons[reason.splitlines()[0]] += n
-    stats = counters["stats"]
-    return Compilation(reasons, stats["unique_graphs"], stats["calls_captured"])
+    return reasons
 
 
 @pytest.fixture(autouse=True)
@@ -194,6 +201,29 @@ def test_attaching_after_the_forward_was_compiled_and_ran_is_seen_at_the_next_ca
         handle.remove()
         forward(model, batch, "train")
         assert counter.n == 2
+
+
+def test_inside_a_wrapper_the_gated_models_compiled_forward_breaks_nowhere_for_the_library(
+    build, batch, count_mtp
+):
+    # a wrapper's own forward, compiled, would trace into the model's call and its hooks: the
+    # forward to compile is that of the model the gate hooks, which the handle names
+    spec = tiny_models.TinySpec(seq_length=16, vocab_size=128, mtp_num_layers=None)
+    trunk = build(spec=spec)
+    forward(trunk, batch, "train")
+    expected = compiled_forward(trunk, batch, "train", "forward")
+    model = build()
+    counter = count_mtp(model)
+    wrapped = Wrapper(model)
+    handle = mtp_hooks.attach(wrapped)
+    mtp_hooks.configure("train=skip")
+    assert handle.gated == [model]
+    dynamo.reset()
+    counters.clear()
+    with compiled_in("forward", model):
+        forward(wrapped, batch, "train")
+    assert breaks_by_reason() == expected.breaks
+    assert counter.n == 0 and handle.stats() == {"train": {"skip": 1}}
 
 
 @pytest.mark.parametrize("form", FORMS)
