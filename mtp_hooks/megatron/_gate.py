@@ -25,9 +25,8 @@ torch's eager call around it, so nothing here meets dynamo. A compiled module
 (``torch.compile(model)``) makes dynamo trace a module's hooks with its forward. The gate's
 work (a lock, the thread's frames, the policy's sources) is Python that no graph can hold, so
 each hook hands itself, first thing, to a ``torch.compiler.disable``d twin when dynamo is
-tracing it:
-the decision runs eagerly, before and after the forward's graphs, and changes only the
-instance attributes dynamo guards on. The check is one call per hook that returns False
+tracing it: the decision runs eagerly, before and after the forward's graphs, and changes only
+the instance attributes dynamo guards on. The check is one call per hook that returns False
 (within noise on the CPU benchmark); a wrapper around the registered hooks would cost a
 quarter of the run path's budget.
 """

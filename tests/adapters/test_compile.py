@@ -123,6 +123,21 @@ def breaks_by_reason() -> collections.Counter:
     return reasons
 
 
+def hook_free_reference(build, model, batch, phase: str, decision: str) -> torch.nn.Module:
+    """What an attached ``model`` must compile to under ``decision``: the same model before
+    attach for a run, the trunk built without MTP for a skip (the gates make the MTP model
+    compute exactly that trunk). It has run once eagerly, so that megatron's first-call state
+    (its loss tracker's keys) is settled before anything is compiled."""
+    reference = model if decision == "run" else trunk(build)
+    forward(reference, batch, phase)
+    return reference
+
+
+def trunk(build) -> torch.nn.Module:
+    """A model of the current kind built without MTP, with the weights ``build()`` gives."""
+    return build(spec=tiny_models.TinySpec(seq_length=16, vocab_size=128, mtp_num_layers=None))
+
+
 @pytest.fixture(autouse=True)
 def fresh_dynamo():
     yield
@@ -136,14 +151,9 @@ def fresh_dynamo():
 def test_an_attached_model_compiles_to_the_graphs_of_the_same_model_without_hooks(
     build, batch, count_mtp, phase, decision
 ):
-    # the reference: the same model before attach for a run, the trunk built without MTP for
-    # a skip (the gates make the MTP model compute exactly that trunk); it has run once
-    # eagerly, so that megatron's first-call state (its loss tracker's keys) is settled
     model = build()
     counter = count_mtp(model)
-    spec = tiny_models.TinySpec(seq_length=16, vocab_size=128, mtp_num_layers=None)
-    reference = model if decision == "run" else build(spec=spec)
-    forward(reference, batch, phase)
+    reference = hook_free_reference(build, model, batch, phase, decision)
     graphs, breaks = explained(reference, batch, phase)
     reasons = break_reasons(reference, batch, phase)
     before = counter.n
@@ -167,12 +177,9 @@ def test_an_attached_model_compiles_to_the_graphs_of_the_same_model_without_hook
 def test_a_compiled_forward_breaks_and_captures_exactly_as_the_model_without_hooks(
     build, batch, count_mtp, phase, decision
 ):
-    # the reference as above: the same model before attach, or the trunk built without MTP
     model = build()
     counter = count_mtp(model)
-    spec = tiny_models.TinySpec(seq_length=16, vocab_size=128, mtp_num_layers=None)
-    reference = model if decision == "run" else build(spec=spec)
-    forward(reference, batch, phase)
+    reference = hook_free_reference(build, model, batch, phase, decision)
     expected = compiled_forward(reference, batch, phase, "forward")
     before = counter.n
     handle = mtp_hooks.attach(model)
@@ -208,12 +215,10 @@ def test_inside_a_wrapper_the_gated_models_compiled_forward_breaks_nowhere_for_t
 ):
     # a wrapper's own forward, compiled, would trace into the model's call and its hooks: the
     # forward to compile is that of the model the gate hooks, which the handle names
-    spec = tiny_models.TinySpec(seq_length=16, vocab_size=128, mtp_num_layers=None)
-    trunk = build(spec=spec)
-    forward(trunk, batch, "train")
-    expected = compiled_forward(trunk, batch, "train", "forward")
     model = build()
     counter = count_mtp(model)
+    reference = hook_free_reference(build, model, batch, "train", "skip")
+    expected = compiled_forward(reference, batch, "train", "forward")
     wrapped = Wrapper(model)
     handle = mtp_hooks.attach(wrapped)
     mtp_hooks.configure("train=skip")
