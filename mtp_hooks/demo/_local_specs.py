@@ -77,9 +77,7 @@ def sdpa_core_attention() -> type:
                     )
                 k, v, mask = _gather_context(q, k, v, self.cp_group)
             elif packed is not None:  # causal within each sequence, nothing across them
-                lengths = packed.cu_seqlens_q.diff().to(q.device)
-                which = torch.repeat_interleave(torch.arange(len(lengths)), lengths.long())
-                mask = (which[:, None] == which[None, :]).tril()
+                mask = _packed_causal_mask(packed.cu_seqlens_q, q.shape[2], q.device)
             out = torch.nn.functional.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=mask is None, scale=self.softmax_scale
             )
@@ -88,6 +86,16 @@ def sdpa_core_attention() -> type:
             return out.squeeze(1) if thd else out
 
     return _SDPACoreAttention
+
+
+def _packed_causal_mask(
+    cu_seqlens: torch.Tensor, tokens: int, device: torch.device
+) -> torch.Tensor:
+    """The mask of ``tokens`` packed tokens, on ``device``: each attends to the earlier tokens of
+    its own sequence (``cu_seqlens`` bounds the sequences, on any device)."""
+    ends = cu_seqlens[1:].to(device=device, dtype=torch.long)
+    which = torch.searchsorted(ends, torch.arange(tokens, device=device), right=True)
+    return (which[:, None] == which[None, :]).tril()
 
 
 def _gather_context(
