@@ -27,6 +27,7 @@ from mtp_hooks.demo import tiny_models  # noqa: E402
 
 from cpu_stand_ins import install_cpu_memory_buffer  # noqa: E402
 from mamba_on_cpu import kernel_launches_on_cpu, mamba_runs_here  # noqa: E402
+from ports import free_port  # noqa: E402
 
 __all__ = [
     "megatron_cpu",
@@ -99,7 +100,7 @@ def guards_empty_masks() -> bool:
 @pytest.fixture(scope="session")
 def megatron_cpu():
     """One gloo rank with megatron's parallel state, and a CPU scratch buffer for attention."""
-    tiny_models.init_single_process(port=tiny_models.free_port())
+    tiny_models.init_single_process(port=free_port())
     install_cpu_memory_buffer()
     yield
 

@@ -16,6 +16,7 @@ import torch
 from mtp_hooks.demo import tiny_models
 
 from model_fixtures import SEQ, VOCAB, has_detach_field
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--hidden", "64", "--layers", "2", "--ffn", "128", "--vocab", "256", "--seq", "32"]
@@ -68,7 +69,7 @@ def run_script(name: str, *args: str) -> subprocess.CompletedProcess[str]:
     mtp-hooks switches and on a port of its own (this process may hold the inherited one);
     fails the test with its stderr if it fails."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    env["MASTER_PORT"] = str(tiny_models.free_port())
+    env["MASTER_PORT"] = str(free_port())
     out = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / name), *args],
         capture_output=True,

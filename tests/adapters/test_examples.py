@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from mtp_hooks.demo import tiny_models
-
 from model_fixtures import has_detach_field
+from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,7 +27,7 @@ def test_the_readme_examples_run_as_written_and_print_what_their_comments_say(tm
     script.write_text("\n".join(blocks))  # one script, in order, as a reader runs them
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
     env["MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"] = "1"
-    env["MASTER_PORT"] = str(tiny_models.free_port())  # beside this run's own process group
+    env["MASTER_PORT"] = str(free_port())  # beside this run's own process group
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=240
     )

@@ -18,13 +18,12 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from mtp_hooks.demo import tiny_models
-
 from cpu_stand_ins import (
     install_cpu_memory_buffer,
     keep_cuda_copies_on_cpu,
     point_cuda_current_device_at_cpu,
 )
+from ports import free_port
 
 
 def init_rank(rank: int, world: int, port: int, tp: int, pp: int = 1, cp: int = 1) -> None:
@@ -90,7 +89,7 @@ def run_ranks(
     """Run ``scenario(rank)`` on ``world`` gloo ranks (``tp`` × ``pp`` × ``cp``); return each
     rank's result dict."""
     ctx = mp.get_context("spawn")
-    port = tiny_models.free_port()
+    port = free_port()
     procs = [
         ctx.Process(target=_entry, args=(scenario, r, world, port, tp, pp, cp, str(tmp)))
         for r in range(world)

@@ -53,10 +53,10 @@ print(json.dumps({{"votes": votes, "eval_mtp_runs": runs.n,
 
 
 def run(stand_ins: str) -> dict:
-    from mtp_hooks.demo import tiny_models
+    from ports import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    code = SCRIPT.format(tests=str(TESTS), port=tiny_models.free_port(), roles=ROLES, phases=PHASES)
+    code = SCRIPT.format(tests=str(TESTS), port=free_port(), roles=ROLES, phases=PHASES)
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

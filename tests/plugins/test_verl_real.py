@@ -22,6 +22,8 @@ import mtp_hooks
 import mtp_hooks_verl
 from mtp_hooks.demo import tiny_models
 
+from ports import free_port
+
 pytest.importorskip("verl")
 mtp_patch = pytest.importorskip("verl.models.mcore.mtp_patch")
 
@@ -49,7 +51,7 @@ print(json.dumps({{"log_prob_mtp_runs": len(runs)}}))
 
 def run_worker(**env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    code = WORKER.format(tests=str(TESTS), port=tiny_models.free_port())
+    code = WORKER.format(tests=str(TESTS), port=free_port())
     return subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env}
     )
@@ -87,7 +89,7 @@ print(json.dumps({{"eval_mtp_runs": counts, "explain": mtp_hooks.explain(model, 
 
 def test_a_plain_job_keeps_mtp_until_verl_is_imported_and_then_gets_verls_defaults():
     base = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    code = BEFORE_AND_AFTER.format(tests=str(TESTS), port=tiny_models.free_port())
+    code = BEFORE_AND_AFTER.format(tests=str(TESTS), port=free_port())
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=base)
     assert out.returncode == 0, out.stderr[-2000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import os
 import sys
 import threading
 import weakref
@@ -124,7 +125,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
     options = parser.parse_args()
-    tiny_models.init_single_process(port=tiny_models.free_port())
+    # the port the test hands over (MASTER_PORT), else one the OS gives
+    port = None if "MASTER_PORT" in os.environ else tiny_models.free_port()
+    tiny_models.init_single_process(port)
     install_cpu_memory_buffer()
     builders = [tiny_models.build_gpt] + ([tiny_models.build_hybrid] if has_hybrid() else [])
     args, labels = make_batch()

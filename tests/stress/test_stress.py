@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("megatron.core")
 
+from ports import free_port  # noqa: E402
+
 ROUNDS = int(os.environ.get("MTP_HOOKS_STRESS_ROUNDS", "200"))
 
 
@@ -26,6 +28,7 @@ ROUNDS = int(os.environ.get("MTP_HOOKS_STRESS_ROUNDS", "200"))
 def test_many_rounds_of_dropped_copied_and_threaded_models_end_cleanly():
     script = Path(__file__).with_name("rounds.py")
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
+    env["MASTER_PORT"] = str(free_port())  # rounds.py takes it
     done = subprocess.run(
         [sys.executable, "-X", "faulthandler", str(script), "--rounds", str(ROUNDS)],
         capture_output=True,

@@ -26,9 +26,9 @@ def python(code_or_script: str | Path, **env: str) -> subprocess.CompletedProces
 
 
 def loop(**env: str) -> dict:
-    from mtp_hooks.demo import tiny_models
+    from ports import free_port
 
-    out = python(LOOP, MASTER_PORT=str(tiny_models.free_port()), **env)
+    out = python(LOOP, MASTER_PORT=str(free_port()), **env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
