@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import os
+import reprlib
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -226,7 +227,7 @@ class PluginRegistry:
         for name, scale in self._answers("mtp_loss_scale", model=model, phase=phase):
             if scale is not None:
                 with about(plugin=name, hook="mtp_loss_scale"):
-                    where = f"plugin {name!r}: mtp_loss_scale returned {scale!r}"
+                    where = f"plugin {name!r}: mtp_loss_scale returned {reprlib.repr(scale)}"
                     scales.append((name, check_loss_scale(scale, where)))
         return scales
 

@@ -189,6 +189,19 @@ def configure_as(policy: str | Mapping[str, Any] | None, source: str) -> None:
     state.rebuild()
 
 
+def use_only(policy: str, source: str) -> None:
+    """Make ``policy`` the only source of this process, the environment's left unread (the
+    CLI's ``explain --policy``: what that policy alone decides, whatever the job's
+    ``MTP_HOOKS_POLICY`` and ``MTP_HOOKS_CONFIG`` say, broken or not)."""
+    entries = parse_policy(policy, source)
+    state = PolicyState()
+    state.loaded = True
+    state.api = entries
+    _runtime.current.policy = state
+    _watch(state)
+    state.rebuild()
+
+
 def reload() -> None:
     """Re-read ``MTP_HOOKS_POLICY``, ``MTP_HOOKS_CONFIG`` and ``MTP_HOOKS_TRACE`` now.
 

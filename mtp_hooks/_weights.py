@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import numbers
 import re
+import reprlib
 
 from ._errors import PolicyError
 
@@ -30,18 +31,22 @@ def check_loss_scale(
     good weight written where ``raw`` was (a TOML table writes ``loss_scale = 0.3``).
 
     Raises:
-        PolicyError: Naming ``where``, for a weight that is negative, NaN, infinite, not a
-            real number (a string, bytes, a bool), or given with a value other than ``run``.
+        PolicyError: Naming ``where``, for a weight that is negative, NaN, infinite, too
+            large for a float, not a real number (a string, bytes, a bool), or given with a
+            value other than ``run``.
     """
     if value != "run":
         raise PolicyError(f"{where}: a loss weight goes with 'run' only, not with {value!r}")
     number = not isinstance(raw, bool) and isinstance(raw, numbers.Real)
-    scale = float(raw) if number else math.nan  # type: ignore[arg-type]
-    if not (math.isfinite(scale) and scale >= 0):
+    try:
+        scale = float(raw) if number else math.nan  # type: ignore[arg-type]
         kind = "" if number else f" (a {type(raw).__name__} is not read as a number)"
+    except OverflowError:  # an int or a Fraction beyond a float's range
+        scale, kind = math.inf, " (it overflows a float)"
+    if not (math.isfinite(scale) and scale >= 0):
         raise PolicyError(
-            f"{where}: loss weight {raw!r} is not a finite number >= 0{kind}; write e.g. "
-            f"{example}. {_HINT}"
+            f"{where}: loss weight {reprlib.repr(raw)} is not a finite number >= 0{kind}; "
+            f"write e.g. {example}. {_HINT}"
         )
     return scale + 0.0  # -0.0 -> 0.0
 

@@ -36,10 +36,10 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
 
 
 def _cmd_explain(args: argparse.Namespace) -> int:
-    if args.policy is not None:  # this process only: the job's own sources are left alone
+    if args.policy is not None:  # this process only, instead of the environment's sources
         from . import _sources
 
-        _sources.configure_as(args.policy, "--policy")
+        _sources.use_only(args.policy, "--policy")
     model = None
     if args.role:
         model = _RoleOnly()
@@ -105,7 +105,8 @@ def _parser() -> argparse.ArgumentParser:
         "explain",
         help="explain the decision for a phase (and role)",
         description="Say what decides MTP for a phase, from the policy sources of this "
-        "environment (MTP_HOOKS_POLICY, MTP_HOOKS_CONFIG), the installed plugins, or --policy.",
+        "environment (MTP_HOOKS_POLICY, MTP_HOOKS_CONFIG) or --policy alone, and the installed "
+        "plugins.",
     )
     p.add_argument("--phase", required=True, help="train, eval, rollout or a declared phase")
     p.add_argument("--role", default=None, help="a model role, e.g. teacher (default: none)")

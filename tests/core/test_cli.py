@@ -241,6 +241,17 @@ def test_explain_takes_a_policy_of_its_own_and_names_it_in_errors():
     assert "did you mean 'skip'?" in out.stderr
 
 
+def test_explain_with_a_policy_of_its_own_reads_none_of_the_environments(tmp_path):
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[policy\n")
+    env = {"MTP_HOOKS_POLICY": "train=skip", "MTP_HOOKS_CONFIG": str(broken)}
+    out = cli("explain", "--phase", "train", "--policy", "eval=run", env=env)
+    assert out.returncode == 0, out.stderr
+    assert "result: run" in out.stdout and "MTP_HOOKS_POLICY" not in out.stdout
+    out = cli("explain", "--phase", "train", env={"MTP_HOOKS_POLICY": "train=skip"})
+    assert "result: skip" in out.stdout  # without --policy, the environment's
+
+
 def test_every_option_of_every_subcommand_says_what_it_takes():
     for command in ("plugins", "explain", "check-config", "demo"):
         out = cli(command, "--help")

@@ -49,6 +49,9 @@ def test_a_role_can_have_its_own_weight():
         ({"train": {"loss_scale": 0.3}}, "a table takes 'mtp' \\(required"),
         ({"train": {"mtp": "run", "weight": 0.3}}, "a table takes 'mtp'"),
         ({"train": {"mtp": "run", "loss_scale": True}}, "not a finite number"),
+        pytest.param(
+            {"train": {"mtp": "run", "loss_scale": 10**400}}, "overflows a float", id="10**400"
+        ),
     ],
 )
 def test_a_bad_weight_names_the_source_and_changes_nothing(policy, message):
@@ -105,6 +108,9 @@ def test_plugins_that_disagree_on_the_weight_raise_a_conflict_naming_both():
     [
         (-1.0, mtp_hooks.PolicyError, "plugin 'bad': mtp_loss_scale returned -1.0"),
         (float("nan"), mtp_hooks.PolicyError, "plugin 'bad'"),
+        pytest.param(
+            10**400, mtp_hooks.PolicyError, "plugin 'bad'.*overflows a float", id="10**400"
+        ),
         (KeyError("step"), mtp_hooks.PluginError, "'bad': mtp_loss_scale raised KeyError"),
     ],
 )
