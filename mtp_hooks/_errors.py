@@ -127,6 +127,12 @@ class PolicyError(MTPHooksError, ValueError):
 
     errors: tuple[PolicyError, ...] = ()
 
+    def fill(self, **known: str | None) -> None:
+        """As :meth:`MTPHooksError.fill`, for this error and each of :attr:`errors`."""
+        super().fill(**known)
+        for error in self.errors:
+            error.fill(**known)
+
 
 class PolicyConflictError(MTPHooksError):
     """Two sources disagree for one (role, phase): plugins voted both ways (the policy

@@ -64,7 +64,7 @@ def _checked_value(raw: object, source: str, key: str) -> PolicyEntry:
     if isinstance(raw, Mapping):
         value, table = _table_value(raw, source, key, where)
     elif isinstance(raw, str):
-        value, table = _compact_value(raw, where)
+        value, table = _compact_value(raw, where, source)
     else:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
     fields: dict[str, Any] = {}
@@ -97,34 +97,48 @@ def _table_value(
     return _value(raw["mtp"], source, key).value, raw
 
 
-def _compact_value(raw: str, where: str) -> tuple[PolicyValue, dict[str, Any]]:
+def _compact_value(raw: str, where: str, source: str) -> tuple[PolicyValue, dict[str, Any]]:
     """A policy string's value, and its weight and options read into a table: ``+detach`` is
-    ``detach = true``, ``+mask:labels`` is ``mask = "labels"``, ``run:0.3`` ``loss_scale = 0.3``."""
+    ``detach = true``, ``+mask:labels`` is ``mask = "labels"``, ``run:0.3`` ``loss_scale = 0.3``.
+    An unknown value and each unknown option are errors of their own, each with its hint."""
     match = _GRAMMAR.fullmatch(raw.lower())
     if match is None:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
     table: dict[str, Any] = {}
-    for given in ("".join(o.split()) for o in match["options"].split("+")[1:]):
-        name, colon, argument = given.partition(":")
-        option = by_name(name)
-        if option is None or bool(colon) != bool(option.choices):
-            raise PolicyError(
-                option=f"+{given}",
-                message=f"{where} has value {raw!r}; unknown option '+{given}'"
-                f"{unknown_option_hint(given)}: the '+' options are {plus_options()}",
-            )
-        if name in table:
-            raise PolicyError(f"{where} has value {raw!r}; give '+{name}' once", option=f"+{name}")
-        table[name] = argument if colon else True
+    errors = Errors(source)
     named = VALUES.get(match["value"])
-    if named is None:
-        hint = did_you_mean(match["value"], VALUES)
-        raise PolicyError(f"{where} has value {raw!r}{hint}; allowed values are {allowed_values()}")
+    with errors:
+        if named is None:
+            hint = did_you_mean(match["value"], VALUES)
+            raise PolicyError(
+                option=match["value"],
+                message=f"{where} has value {raw!r}{hint}; allowed values are {allowed_values()}",
+            )
+    for given in ("".join(o.split()) for o in match["options"].split("+")[1:]):
+        with errors:
+            _add_option(table, given, raw, where)
+    errors.raise_any()
+    assert named is not None  # an unknown value was raised above
     if match["weight"] is not None:
         if named != "run":
             raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
         table["loss_scale"] = parse_loss_scale(match["weight"], where)
     return named, table
+
+
+def _add_option(table: dict[str, Any], given: str, raw: str, where: str) -> None:
+    """The option ``+given`` of the policy string ``raw`` into ``table``."""
+    name, colon, argument = given.partition(":")
+    option = by_name(name)
+    if option is None or bool(colon) != bool(option.choices):
+        raise PolicyError(
+            option=f"+{given}",
+            message=f"{where} has value {raw!r}; unknown option '+{given}'"
+            f"{unknown_option_hint(given)}: the '+' options are {plus_options()}",
+        )
+    if name in table:
+        raise PolicyError(f"{where} has value {raw!r}; give '+{name}' once", option=f"+{name}")
+    table[name] = argument if colon else True
 
 
 def _key(raw: object, source: str) -> Key:
@@ -188,21 +202,29 @@ def _from_item(
                 f"got {type(raw_value).__name__}"
             )
         for role, table in raw_value.items():
-            if not isinstance(role, str) or not role.isidentifier():
-                raise PolicyError(f"{source}: role {role!r} in 'roles' is not an identifier")
-            if not isinstance(table, Mapping):
-                raise PolicyError(
-                    f"{source}: key 'roles.{role}' must be a table of PHASE = VALUE, "
-                    f"got {type(table).__name__}"
-                )
-            for phase_name, value in table.items():
-                dotted = f"{role}.{phase_name}"
-                with errors:
-                    key = _key(dotted, source)
-                    _add(entries, key, dotted, value, source)
+            with errors:  # a malformed role hides no other role's errors
+                _from_role(entries, role, table, source, errors)
         return
     key = _key(raw_key, source)
     _add(entries, key, raw_key, raw_value, source)
+
+
+def _from_role(
+    entries: dict[Key, PolicyEntry], role: Any, table: Any, source: str, errors: Errors
+) -> None:
+    """One role of a ``roles`` table into ``entries``, each phase's errors in ``errors``."""
+    if not isinstance(role, str) or not role.isidentifier():
+        raise PolicyError(f"{source}: role {role!r} in 'roles' is not an identifier")
+    if not isinstance(table, Mapping):
+        raise PolicyError(
+            f"{source}: key 'roles.{role}' must be a table of PHASE = VALUE, "
+            f"got {type(table).__name__}"
+        )
+    for phase_name, value in table.items():
+        dotted = f"{role}.{phase_name}"
+        with errors:
+            key = _key(dotted, source)
+            _add(entries, key, dotted, value, source)
 
 
 def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dict[Key, PolicyEntry]:
@@ -260,8 +282,17 @@ def _from_compact_item(
             f"{source}: item {item.strip()!r} has no '='; write PHASE=VALUE or "
             "ROLE.PHASE=VALUE with VALUE one of 'run', 'skip', 'auto'"
         )
-    key = _key(raw_key, source)
-    _add(entries, key, raw_key.strip(), raw_value, source)
+    errors = Errors(source)
+    key: Key | None = None
+    with errors:  # a bad key hides no error of the value
+        key = _key(raw_key, source)
+    if key is None:
+        with errors:
+            _value(raw_value, source, raw_key.strip())
+    else:
+        with errors:
+            _add(entries, key, raw_key.strip(), raw_value, source)
+    errors.raise_any()
 
 
 # -- a TOML file ------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ class Errors:
     def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
         if isinstance(exc, PolicyError):
             exc.fill(source=self.source)
-            self.found.append(exc)
+            self.found.extend(exc.errors or (exc,))  # an item's own errors, one by one
             return True  # go on to the next item
         return False
 

@@ -60,6 +60,30 @@ def test_every_error_of_one_policy_is_a_record_of_its_own():
     assert all(str(e) in str(info.value) for e in info.value.errors)
 
 
+def test_a_malformed_role_name_hides_no_other_roles_error_in_either_order():
+    bad, typo = ("bad name!", {"train": "run"}), ("teacher", {"trian": "run"})
+    for roles in (dict([bad, typo]), dict([typo, bad])):
+        with pytest.raises(mtp_hooks.PolicyError) as info:
+            mtp_hooks.configure({"roles": roles})
+        messages = [str(e) for e in info.value.errors]
+        assert len(messages) == 2, messages
+        assert any("'bad name!' in 'roles' is not an identifier" in m for m in messages)
+        assert any("unknown phase 'trian' (did you mean 'train'?)" in m for m in messages)
+
+
+def test_every_typo_of_one_item_gets_its_own_record_and_hint():
+    with pytest.raises(mtp_hooks.PolicyError) as info:
+        mtp_hooks.configure("trian=skp+detatch,eval=run")
+    hints = sorted(str(e).split("(did you mean ")[1].split(")")[0] for e in info.value.errors)
+    assert hints == ["'+detach'?", "'skip'?", "'train'?"]
+    assert [(e.phase, e.option) for e in info.value.errors] == [
+        ("trian", None),
+        (None, "skp"),
+        (None, "+detatch"),
+    ]
+    assert mtp_hooks.decide(None, "eval").decided_by == "default"  # nothing was applied
+
+
 def test_a_table_error_names_the_table_key_at_fault():
     with pytest.raises(PolicyError) as info:
         mtp_hooks.configure({"roles": {"teacher": {"eval": {"mtp": "run", "detatch": True}}}})
