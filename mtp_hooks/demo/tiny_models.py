@@ -133,12 +133,24 @@ def _swap_attention(layer_spec: Any, attention: str) -> Any:
 
 
 def _check_impl(transformer_impl: str) -> bool:
-    """Whether ``transformer_impl`` asks for Transformer Engine modules."""
+    """Whether ``transformer_impl`` asks for Transformer Engine modules; where it does, that
+    Transformer Engine imports here (megatron's specs hold ``None`` for its modules otherwise,
+    and fail later with a ``TypeError`` that names no cause)."""
     if transformer_impl not in ("local", "transformer_engine"):
         raise ValueError(
             f"transformer_impl must be 'local' or 'transformer_engine', not {transformer_impl!r}"
         )
-    return transformer_impl == "transformer_engine"
+    if transformer_impl == "local":
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # missing, or installed without the CUDA it needs
+        raise ImportError(
+            "transformer_impl='transformer_engine' needs Transformer Engine, which does not "
+            f"import here ({type(exc).__name__}: {exc}); install it on a CUDA machine "
+            "(pip install '.[te]') or build with transformer_impl='local'"
+        ) from exc
+    return True
 
 
 def build_gpt(

@@ -7,6 +7,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
+from mtp_hooks.demo import tiny_models
+
+from model_fixtures import has_hybrid
+
 
 def demo(*args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
@@ -119,3 +125,24 @@ def test_what_megatron_raises_in_a_row_is_printed_under_the_table_with_where_it_
     assert "test_demo.py:" in row.failure  # the frame that raised
     assert demo_module._failures([row]) == f"GPTModel, train: {row.failure}"
     assert not model.mtp._forward_hooks  # the demo's counting hook is gone
+
+
+@pytest.mark.parametrize("builder", ["build_gpt", "build_hybrid"])
+def test_a_transformer_engine_model_without_transformer_engine_names_it_and_the_fix(
+    megatron_cpu, builder
+):
+    if builder == "build_hybrid" and not has_hybrid():
+        pytest.skip("HybridModel needs megatron-core 0.18+ (models/hybrid)")
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception:
+        pass
+    else:
+        pytest.skip("Transformer Engine imports here")
+    with pytest.raises(
+        ImportError, match="needs Transformer Engine, which does not import"
+    ) as info:
+        getattr(tiny_models, builder)(transformer_impl="transformer_engine")
+    assert "pip install '.[te]'" in str(info.value) and "transformer_impl='local'" in str(
+        info.value
+    )
