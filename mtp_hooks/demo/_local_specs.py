@@ -4,16 +4,37 @@
 Mamba-2 (``M``) and MTP layers from megatron's local modules, without TE or Apex. Only a
 pattern with ``M`` needs mamba-ssm (megatron's Mamba-2 mixer runs its Triton SSD kernels).
 ``sdpa_core_attention`` is a core-attention module with megatron's ``DotProductAttention``
-interface that needs no CUDA scratch buffer.
+interface that needs no CUDA scratch buffer. ``check_impl`` says whether a builder takes
+Transformer Engine's specs instead, and refuses them where Transformer Engine does not import.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from typing import Any
 
 import torch
+
+
+def check_impl(transformer_impl: str) -> bool:
+    """Whether ``transformer_impl`` asks for Transformer Engine, which must then import (else
+    megatron's specs hold ``None`` for its modules and fail later, naming no cause)."""
+    if transformer_impl not in ("local", "transformer_engine"):
+        raise ValueError(
+            f"transformer_impl must be 'local' or 'transformer_engine', not {transformer_impl!r}"
+        )
+    try:
+        if transformer_impl == "transformer_engine":
+            importlib.import_module("transformer_engine.pytorch")
+    except Exception as exc:  # missing, or installed without the CUDA it needs
+        raise ImportError(
+            "transformer_impl='transformer_engine' needs Transformer Engine, which does not "
+            f"import here ({type(exc).__name__}: {exc}); install it on a CUDA machine "
+            "(pip install '.[te]') or build with transformer_impl='local'"
+        ) from exc
+    return transformer_impl == "transformer_engine"
 
 
 @functools.lru_cache(maxsize=1)

@@ -132,27 +132,6 @@ def _swap_attention(layer_spec: Any, attention: str) -> Any:
     return layer_spec
 
 
-def _check_impl(transformer_impl: str) -> bool:
-    """Whether ``transformer_impl`` asks for Transformer Engine modules; where it does, that
-    Transformer Engine imports here (megatron's specs hold ``None`` for its modules otherwise,
-    and fail later with a ``TypeError`` that names no cause)."""
-    if transformer_impl not in ("local", "transformer_engine"):
-        raise ValueError(
-            f"transformer_impl must be 'local' or 'transformer_engine', not {transformer_impl!r}"
-        )
-    if transformer_impl == "local":
-        return False
-    try:
-        import transformer_engine.pytorch  # noqa: F401
-    except Exception as exc:  # missing, or installed without the CUDA it needs
-        raise ImportError(
-            "transformer_impl='transformer_engine' needs Transformer Engine, which does not "
-            f"import here ({type(exc).__name__}: {exc}); install it on a CUDA machine "
-            "(pip install '.[te]') or build with transformer_impl='local'"
-        ) from exc
-    return True
-
-
 def build_gpt(
     spec: TinySpec | None = None,
     *,
@@ -186,7 +165,7 @@ def build_gpt(
 
     spec = spec or TinySpec()
     config = _config(spec, **config_overrides)
-    te = _check_impl(transformer_impl)
+    te = _local_specs.check_impl(transformer_impl)
     if te:
         layer_spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     else:
@@ -239,7 +218,7 @@ def build_hybrid(
         pattern = "*-" * spec.num_layers + "/*-" * (spec.mtp_num_layers or 0)
     main_layers = len(pattern.split("/")[0])
     config = _config(spec, num_layers=main_layers, **config_overrides)
-    if _check_impl(transformer_impl):
+    if _local_specs.check_impl(transformer_impl):
         from megatron.core.models.hybrid.hybrid_layer_specs import hybrid_stack_spec
     else:
         hybrid_stack_spec = _local_specs.hybrid_stack_spec(attention)

@@ -12,6 +12,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import _decision, _phases, _roles, _sources
+from .._errors import about
 from .._plugin_registry import registry
 from .._policy_entry import plan_fields
 from . import _cuda_graphs, _rank_agreement, _refusals
@@ -118,13 +119,14 @@ def check_policy(gate: Planner, module: torch.nn.Module, role: str | None) -> No
     no training decision or option reaches it; forward-only passes take ``forward`` and follow
     the policy. The check reads :data:`OPTIONS`, so no option can slip past it.
     """
-    if gate.ep_overlap:
-        decision, _ = _decision.decide_normalized(module, _phases.Phase.TRAIN, role)
-        training = _made(_phases.Phase.TRAIN, _sources.generation(), [], decision)
-        asked = training.options()
-        if not training.run or asked:
-            _refusals.refuse_ep_overlap("skip" if not training.run else " and ".join(asked))
-    _refusals.check_policy(gate, module, role)
+    with about(role=role):  # each refusal is of this model's (role's) policy
+        if gate.ep_overlap:
+            decision, _ = _decision.decide_normalized(module, _phases.Phase.TRAIN, role)
+            training = _made(_phases.Phase.TRAIN, _sources.generation(), [], decision)
+            asked = training.options()
+            if not training.run or asked:
+                _refusals.refuse_ep_overlap("skip" if not training.run else " and ".join(asked))
+        _refusals.check_policy(gate, module, role)
 
 
 def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .. import _sources
+from .. import _roles, _sources
 from .._errors import PolicyConflictError, UnsupportedModelError
 from . import _capabilities, _cuda_graphs, _standalone
 
@@ -89,6 +89,7 @@ def check_callers_own_skip(model: Any, plan: Any) -> None:
     if asked:
         raise PolicyConflictError(
             phase=str(plan.phase),
+            role=_roles.role_of(model),
             option=" and ".join(asked),
             message=f"mtp_hooks: this {type(model).__name__} forward in phase '{plan.phase}' was "
             f"called with compute_mtp_loss=False, which turns MTP off for the call, but the "
