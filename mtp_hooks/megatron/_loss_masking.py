@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .. import _loss_masks
-from .._errors import UnsupportedModelError
+from .. import _loss_masks, _roles
+from .._errors import UnsupportedModelError, about
 from .._plugin_registry import registry as _registry
 from . import _capabilities, _refusals
 from ._capabilities import call_arguments, mtp_loss_derives_labels, takes_loss_mask
@@ -45,6 +45,17 @@ def apply(
         UnsupportedModelError: The call passes an ``output_processor``, which megatron would
             also hand the mask to, or the model's forward takes no ``loss_mask``.
     """
+    with about(phase=str(plan.phase), role=_roles.role_of(module)):
+        _apply(lock, module, plan, args, kwargs)
+
+
+def _apply(
+    lock: threading.Lock,
+    module: torch.nn.Module,
+    plan: PhasePlan,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> None:
     context = _loss_masks.context_masks()
     bound = call_arguments(module, args, kwargs)
     labels, input_ids = bound.get("labels"), bound.get("input_ids")
@@ -53,6 +64,7 @@ def apply(
         return
     caller = kwargs.get("loss_mask")
     answers: list[tuple[str, Any]] = []
+    plugins: dict[str, str] = {}  # who gave a mask -> the plugin's name, for plugins' masks
     ignore = plan.ignore_index
     if ignore is not None and labels is not None:  # derived labels have no ignore index
         answers.append(("the policy's +mask:labels", labels != ignore))
@@ -61,6 +73,7 @@ def apply(
             module, plan.phase, loss_mask=caller, labels=labels, input_ids=input_ids
         )
         answers += [(f"plugin {name!r}", mask) for name, mask in given]
+        plugins = {f"plugin {name!r}": name for name, _ in given}
     for source in context:
         if callable(source):  # a mask known only once the framework has its batch
             mask = source(
@@ -90,7 +103,11 @@ def apply(
             "forward's loss_mask too, so an MTP loss mask would change what it computes. Apply "
             "the mask inside your output_processor, or call without one."
         )
-    masks = [_loss_masks.check(mask, by, like) for by, mask in answers]
+    masks = []
+    for by, mask in answers:
+        name = plugins.get(by)
+        with about(plugin=name, hook=None if name is None else "mtp_loss_mask"):
+            masks.append(_loss_masks.check(mask, by, like))
     product = masks[0]
     for mask in masks[1:]:
         product = product * mask

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from ... import _roles
+from ..._errors import about
 from ..._metrics import MTPMetrics
 from ..._plugin_registry import registry as _registry
 from .. import _capabilities
@@ -146,7 +148,8 @@ class Recorder:
             self.totals[phase] = (exact if sums is None else sums + exact, forwards + 1)
         registry = _registry()
         if registry.implements("mtp_metrics"):
-            registry.report_metrics(model, phase, to_metrics(values, 1))
+            with about(phase=str(phase), role=_roles.role_of(model)):
+                registry.report_metrics(model, phase, to_metrics(values, 1))
 
     def drop_all(self) -> None:
         """Drop every request and what it recorded, and the hook (no call of the model runs:
