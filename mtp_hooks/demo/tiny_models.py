@@ -211,7 +211,13 @@ def build_hybrid(
         pre_process, post_process, share_embeddings, model_cls, config_overrides: As for
             :func:`build_gpt`.
     """
-    from megatron.core.models.hybrid.hybrid_model import HybridModel
+    try:
+        from megatron.core.models.hybrid.hybrid_model import HybridModel
+    except ImportError as exc:
+        raise ImportError(
+            "HybridModel needs megatron-core 0.18 or later (models/hybrid), and megatron-core "
+            "0.17 and later need Python 3.12; this one has no models.hybrid"
+        ) from exc
 
     spec = spec or TinySpec()
     if pattern is None:

@@ -74,8 +74,8 @@ def mtp_grad_norm_group_or_refuse() -> str:
             "mtp_hooks.clip_mtp_apart: this megatron-core's optimizer has no separate "
             "gradient-norm groups (megatron.core.optimizer.optimizer.SEPARATE_GRAD_NORM_GROUPS "
             "came in megatron-core 0.19), so it always clips MTP's gradients together with the "
-            "trunk's. Upgrade megatron-core, or clip the trunk's and MTP's gradients apart in "
-            "your own optimizer step."
+            "trunk's. Upgrade megatron-core (0.17 and later need Python 3.12), or clip the "
+            "trunk's and MTP's gradients apart in your own optimizer step."
         )
     return group
 

@@ -16,7 +16,8 @@ UNGUARDED = (
     "positions without guarding zero (process_mtp_loss, which does, came in megatron-core "
     "0.18), so a mask that leaves a microbatch no position (an all-prompt batch, or only "
     "negative advantages) would turn the loss and every gradient into NaN. Upgrade "
-    "megatron-core, or drop the MTP loss mask (+mask, the mtp_loss_mask plugin or block)."
+    "megatron-core (0.17 and later need Python 3.12), or drop the MTP loss mask (+mask, the "
+    "mtp_loss_mask plugin or block)."
 )
 """Why a megatron-core without ``process_mtp_loss`` takes no MTP loss mask (0.16, 0.17)."""
 
@@ -125,8 +126,8 @@ def detach_refusal(config: Any, graphs: str | None) -> str | None:
             "megatron-core 0.19), and that field is how each forward is told to detach MTP's "
             "inputs; its optimizer also clips one global gradient norm, with no group for the "
             "MTP weights, so even a detached MTP would change the trunk's clip coefficient. "
-            "Upgrade megatron-core, or drop '+detach' (mtp_hooks.freeze_trunk trains the MTP "
-            "weights alone)"
+            "Upgrade megatron-core (0.17 and later need Python 3.12), or drop '+detach' "
+            "(mtp_hooks.freeze_trunk trains the MTP weights alone)"
         )
     if graphs is not None:
         return (

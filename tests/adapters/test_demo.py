@@ -146,3 +146,14 @@ def test_a_transformer_engine_model_without_transformer_engine_names_it_and_the_
     assert "pip install '.[te]'" in str(info.value) and "transformer_impl='local'" in str(
         info.value
     )
+
+
+@pytest.mark.skipif(has_hybrid(), reason="this megatron-core has models/hybrid")
+def test_without_models_hybrid_the_hybrid_builder_and_the_demo_name_the_release_that_has_it(
+    megatron_cpu,
+):
+    with pytest.raises(ImportError, match="HybridModel needs megatron-core 0.18 or later"):
+        tiny_models.build_hybrid()
+    out = demo("--models", "hybrid")
+    assert "skipping hybrid: HybridModel needs megatron-core 0.18 or later" in out.stderr
+    assert "Python 3.12" in out.stderr and "No module named" not in out.stderr

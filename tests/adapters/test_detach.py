@@ -234,7 +234,7 @@ def test_detach_is_refused_at_attach_where_megatron_core_has_no_mtp_detach_heads
     message = str(info.value)
     assert "the policy config asks to detach MTP in eval" in message
     assert "mtp_detach_heads" in message
-    assert "Upgrade megatron-core, or drop '+detach'" in message
+    assert "Upgrade megatron-core (0.17 and later need Python 3.12), or drop '+detach'" in message
     assert not model._forward_pre_hooks
 
 
