@@ -8,6 +8,7 @@ real models and the stand-ins they need on a CPU.
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,30 @@ def installed(module: str) -> bool:
 
 
 pytest_plugins = ["model_fixtures"] if installed("megatron.core") and installed("torch") else []
+
+# The modules whose tests take a minute or more run first. Under pytest-xdist's worksteal each
+# worker starts on a contiguous share of the collection and steals only from others' queues, so
+# a long test collected last would leave the other worker idle while it ends the run.
+LONG_FIRST = (
+    "tests/stress/test_stress.py",
+    "tests/adapters/test_sampled_figure_against_a_sampling_engine.py",
+    "tests/adapters/test_benchmarks.py",
+    "tests/adapters/test_compile.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    root = Path(__file__).resolve().parent.parent
+    missing = [path for path in LONG_FIRST if not (root / path).exists()]
+    if missing:  # a renamed module would quietly lose its place
+        raise pytest.UsageError(f"tests/conftest.py: LONG_FIRST names no file at {missing}")
+
+    def rank(item: pytest.Item) -> int:
+        path = item.path.as_posix()
+        ranks = (i for i, tail in enumerate(LONG_FIRST) if path.endswith(tail))
+        return next(ranks, len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: every module's tests stay together and in order
 
 
 @pytest.fixture
