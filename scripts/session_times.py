@@ -24,10 +24,11 @@ def main(report: str, wall_s: int) -> None:
     ran = [s for s in sessions if s.get("result") != "skipped"]
     if not ran:
         return
-    width = max(len(s["name"]) for s in ran)
+    names = [(s.get("signatures") or [s["name"]])[0] for s in sessions]  # tests(mcore019)
+    width = max(len(name) for name in names + ["all sessions"])
     print("\nsession times:", file=sys.stderr)
-    for s in sessions:
-        print(f"  {s['name']:<{width}}  {s['duration']:7.0f} s  {s['result']}", file=sys.stderr)
+    for name, s in zip(names, sessions, strict=True):
+        print(f"  {name:<{width}}  {s['duration']:7.0f} s  {s['result']}", file=sys.stderr)
     total = sum(s["duration"] for s in sessions)
     print(f"  {'all sessions':<{width}}  {total:7.0f} s  ({wall_s} s wall, with installs)",
           file=sys.stderr)  # fmt: skip
