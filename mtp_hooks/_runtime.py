@@ -27,7 +27,15 @@ from typing import Any
 class AutoAttachState:
     """What auto-attach (:mod:`mtp_hooks.megatron._auto`) keeps, every table held weakly."""
 
-    __slots__ = ("registration", "clip_mtp_apart", "watchers", "parents", "wrappers", "handles")
+    __slots__ = (
+        "registration",
+        "clip_mtp_apart",
+        "watchers",
+        "parents",
+        "wrappers",
+        "handles",
+        "lock",
+    )
 
     def __init__(self) -> None:
         self.registration: Any = None
@@ -42,6 +50,8 @@ class AutoAttachState:
         """The wrappers around a watched model."""
         self.handles: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         """Model -> the AttachHandle auto-attach made for it at its first forward."""
+        self.lock = threading.RLock()
+        """Held while a first forward attaches its model: another thread's waits, then is gated."""
 
 
 KEPT = ("listeners", "attached", "auto", "threads", "warned", "reset_callbacks")

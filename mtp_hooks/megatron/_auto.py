@@ -18,14 +18,15 @@ Models without MTP on this rank never get a hook. The registries live on the run
 from __future__ import annotations
 
 import sys
+import threading
 import weakref
 from typing import Any
 
 import torch
 
 from .. import _runtime
-from .._errors import UnsupportedModelError
-from . import _attach, _capabilities, _freezing, _gate
+from .._errors import MTPHooksError, UnsupportedModelError
+from . import _attach, _call_stack, _capabilities, _freezing, _gate
 
 
 def enable(enabled: bool = True, *, clip_mtp_apart: bool = False) -> None:
@@ -72,9 +73,20 @@ def _watch(model: torch.nn.Module) -> None:
     )
 
 
-def _first_forward(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _first_forward(
+    model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+) -> Any:
     """Attach ``model`` through its outermost wrapper, then gate this very call; where dynamo
     traces this call (``torch.compile``), outside its graphs, as the gate's own hooks do."""
+    if kwargs is None:  # torch listed this hook, then another thread's first forward removed it
+        if _gated_by_its_own_hook(model, None):
+            return None
+        raise MTPHooksError(
+            "mtp_hooks auto-attach: this model's first forward began in two threads at once, "
+            "and the other thread attached the model after this thread's forward had begun, "
+            "so this forward cannot be gated. Run one forward of the model before its threads "
+            "start, or attach it with mtp_hooks.attach(model) before then."
+        )
     if _gate.is_compiling():
         return _first_forward_eagerly(model, args, kwargs)
     return _attach_and_gate(model, args, kwargs, sys._getframe(1))
@@ -104,24 +116,50 @@ def _attach_and_gate(
     if _capabilities.inference_call(model, args, kwargs):
         return None
     auto = _runtime.current.auto
-    auto.watchers.pop(model).remove()
+    with auto.lock:  # one first forward attaches; another thread's waits for it, then is gated
+        handle = auto.handles.get(model)
+        if handle is None:
+            watcher = auto.watchers.get(model)
+            if watcher is None:  # no longer watched: another thread's attach was refused
+                return None
+            # attach before the watcher goes, so that a call listing neither never starts
+            handle = auto.handles[model] = _attach_outermost(model, auto)
+            del auto.watchers[model]
+            watcher.remove()
+        gate = next((g for g in handle.gates if g.model is model), None)
+        if gate is None or _gated_by_its_own_hook(model, kwargs):
+            return None
+    # The new pre-hook missed this call (torch iterates a snapshot); its post-hook will run.
+    return gate.pre_hook(model, args, kwargs, caller)
+
+
+def _gated_by_its_own_hook(model: torch.nn.Module, kwargs: dict[str, Any] | None) -> bool:
+    """Whether the gate's own pre-hook, which torch listed with this one, has already taken
+    this thread's call of ``model`` (its record holds ``kwargs``; any, where torch passed none)."""
+    handle = _runtime.current.auto.handles.get(model)
+    thread = threading.get_ident()
+    return handle is not None and any(
+        record[_call_stack.THREAD] == thread
+        and (kwargs is None or record[_call_stack.KWARGS] is kwargs)
+        for gate in handle.gates
+        if gate.model is model
+        for record in list(gate.records)
+    )
+
+
+def _attach_outermost(model: torch.nn.Module, auto: Any) -> Any:
+    """Attach ``model`` through the outermost wrapper built around it."""
     outer = model
     while (ref := auto.parents.get(outer)) is not None and (parent := ref()) is not None:
         outer = parent
     try:
-        handle = _attach.attach(outer)
+        return _attach.attach(outer)
     except UnsupportedModelError as exc:
         raise UnsupportedModelError(
             f"{exc} (this model was attached automatically because MTP_HOOKS_AUTO or "
             "mtp_hooks.auto_attach() is on; turn it off for this process to run it ungated)",
             **exc.culprit(),
         ) from exc
-    gate = next((g for g in handle.gates if g.model is model), None)
-    if gate is None:
-        return None
-    auto.handles[model] = handle
-    # The new pre-hook missed this call (torch iterates a snapshot); its post-hook will run.
-    return gate.pre_hook(model, args, kwargs, caller)
 
 
 def _models_below(module: torch.nn.Module) -> list[torch.nn.Module]:

@@ -82,6 +82,7 @@ _grad_enabled = torch.is_grad_enabled
 _explicit_phase = _phases.explicit_phase.get  # the innermost phase() block, or None
 _TRAIN, _EVAL = _phases.Phase.TRAIN, _phases.Phase.EVAL
 _NO_MTP: Final = (("mtp_num_layers", None),)  # the config change of a skip
+_REMOVED: Final = object()  # post_hook's output where torch calls it as a hook without kwargs
 _open_blocks = _loss_masks.OPEN  # the context's masks are looked up only while blocks are open
 
 
@@ -183,7 +184,7 @@ class MTPGate:
         self,
         module: torch.nn.Module,
         args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        kwargs: dict[str, Any] | None = None,
         owner: FrameType | None = None,
     ) -> Any:
         """Decide for this call and apply it (a native-flag skip sets the flag in ``kwargs``).
@@ -196,6 +197,8 @@ class MTPGate:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
             MTPHooksError: Another thread runs this model with gates this call must change.
         """
+        if kwargs is None:  # removed after torch listed it for this call: leave the call alone
+            return None
         if is_compiling():  # dynamo is tracing this call: decide outside its graphs
             return _pre_hook_eagerly(self, module, args, kwargs)
         if owner is None:  # torch's frame running this call, named by this thread's generator
@@ -336,11 +339,17 @@ class MTPGate:
         module: torch.nn.Module,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
-        output: Any,
+        output: Any = _REMOVED,
         caller: FrameType | None = None,
     ) -> Any:
         """Restore this call's gates first; then settle DDP state after a completed skip.
-        ``caller``: the frame running the call, where torch did not call the hook itself."""
+        ``caller``: the frame running the call, where torch did not call the hook itself.
+
+        Called without ``kwargs`` (``output`` missing), it was removed after torch listed it
+        for this call: the last call it restored has ended, and this one, which began after
+        the pre-hook went, has nothing to restore."""
+        if output is _REMOVED:
+            return None
         if is_compiling():  # dynamo is tracing this call: restore outside its graphs
             return _post_hook_eagerly(self, module, args, kwargs, output)
         records = self.records

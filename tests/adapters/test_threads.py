@@ -7,12 +7,16 @@ that agree on leaving them alone run together.
 
 from __future__ import annotations
 
+import sys
+import threading
+import traceback
+
 import pytest
 import torch
 
 import mtp_hooks
 
-from model_fixtures import Paused, forward_in, native
+from model_fixtures import THREAD_TIMEOUT, Paused, forward_in, native
 
 
 @pytest.mark.parametrize("first,second", [("rollout", "eval"), ("eval", "rollout")])
@@ -91,3 +95,148 @@ def test_threads_deciding_a_new_phase_at_once_count_into_one_list(build, batch):
     with torch.no_grad():
         model(*batch.args(), labels=batch.labels)
     assert handle.stats() == {"eval": {"run": 1}} and first == [1, 0, 0, 0, 0]
+
+
+class Entering:
+    """Holds ``model``'s next forward in another thread just after torch has listed the hooks
+    it will call (a global hook runs first from that list), until released."""
+
+    def __init__(self, model, batch, where: str):
+        from torch.nn.modules import module as torch_module
+
+        self.listed, self.release = threading.Event(), threading.Event()
+        self.error: BaseException | None = None
+        register = {
+            "pre": torch_module.register_module_forward_pre_hook,
+            "post": torch_module.register_module_forward_hook,
+        }[where]
+
+        def hold(module, *_):
+            if module is model and threading.current_thread() is self.thread:
+                self.listed.set()
+                assert self.release.wait(THREAD_TIMEOUT)
+
+        self.hook = register(hold)
+
+        def run():
+            try:
+                forward_in(model, batch, "eval")
+            except BaseException as exc:  # reported to the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=run)
+        self.thread.start()
+        assert self.listed.wait(THREAD_TIMEOUT)
+
+    def finish(self) -> None:
+        self.release.set()
+        self.thread.join(THREAD_TIMEOUT)
+        self.hook.remove()
+        if self.error is not None:
+            raise self.error
+
+
+def test_remove_while_another_threads_forward_is_entering_leaves_that_forward_ungated(
+    build, batch, count_mtp
+):
+    model = build()
+    counter = count_mtp(model)
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=skip")
+    entering = Entering(model, batch, "pre")  # torch has listed the gate's pre-hook
+    handle.remove()
+    entering.finish()  # the pre-hook it listed is gone: megatron's own forward, MTP runs
+    assert counter.n == 1 and handle.stats() == {}
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_a_forward_that_listed_the_restoring_hook_after_it_went_ends_cleanly(
+    build, batch, count_mtp
+):
+    model = build()
+    counter = count_mtp(model)
+    shared = model.config
+    handle = mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=run")
+    running = Paused(model, batch, "eval")  # in flight: the restoring hook stays for it
+    handle.remove()
+    entering = Entering(model, batch, "post")  # ran ungated, then listed the restoring hook
+    running.finish()  # the last forward in flight ends: the restoring hook goes
+    entering.finish()
+    assert counter.n == 2 and model.mtp_process is True and model.config is shared
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def auto_attached(build) -> torch.nn.Module:
+    mtp_hooks.auto_attach()
+    try:
+        return build()  # watched: its first forward attaches it
+    finally:
+        mtp_hooks.auto_attach(False)
+
+
+def test_a_first_forward_begun_before_another_thread_attached_the_model_is_refused_clearly(
+    build, batch, count_mtp
+):
+    model = auto_attached(build)
+    counter = count_mtp(model)
+    mtp_hooks.configure("eval=skip")
+    entering = Entering(model, batch, "pre")  # torch has listed the first-forward hook
+    forward_in(model, batch, "eval")  # this thread's first forward attaches the model
+    with pytest.raises(mtp_hooks.MTPHooksError, match="first forward began in two threads"):
+        entering.finish()
+    assert counter.n == 0 and mtp_hooks.attach(model).stats() == {"eval": {"skip": 1}}
+
+
+def one_at_a_time(model: torch.nn.Module) -> None:
+    """Let one thread at a time through ``model``'s forward itself, after the hooks that come
+    before it (auto-attach's, the gate's): megatron's layers keep per-call state on the module
+    (``TransformerLayer.mlp_norm_manager``), so two threads inside one decoder can fail there."""
+    inside, held = threading.Lock(), threading.local()
+
+    def enter(*_):
+        inside.acquire()
+        held.it = True
+
+    def leave(*_):
+        if getattr(held, "it", False):  # not where a hook before this one refused the call
+            held.it = False
+            inside.release()
+
+    model.register_forward_pre_hook(enter)
+    model.register_forward_hook(leave, always_call=True)
+
+
+def test_first_forwards_in_many_threads_at_once_are_each_gated_or_refused_clearly(
+    build, batch, count_mtp
+):
+    def first_forward(model, errors) -> None:
+        try:
+            forward_in(model, batch, "eval")
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    switching = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads as often as the interpreter can
+    try:
+        for _ in range(5):
+            model = auto_attached(build)
+            counter = count_mtp(model)
+            one_at_a_time(model)
+            mtp_hooks.configure("eval=run")  # threads that all run MTP share the model
+            errors: list[BaseException] = []
+            threads = [
+                threading.Thread(target=first_forward, args=(model, errors)) for _ in range(4)
+            ]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(THREAD_TIMEOUT)
+            refused = [e for e in errors if "first forward began in two threads" in str(e)]
+            assert errors == refused, [traceback.format_exception(e) for e in errors]
+            gated = 4 - len(refused)
+            assert counter.n == gated and mtp_hooks.attach(model).stats() == {
+                "eval": {"run": gated}
+            }
+    finally:
+        sys.setswitchinterval(switching)
