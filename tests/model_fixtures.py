@@ -40,6 +40,7 @@ __all__ = [
     "SEQ",
     "native",
     "Wrapper",
+    "Held",
     "Paused",
     "forward_in",
     "train_step",
@@ -259,23 +260,23 @@ class Wrapper(torch.nn.Module):
 THREAD_TIMEOUT = 60
 
 
-class Paused:
-    """Runs ``model``'s forward in a thread and holds it inside the decoder until released."""
+class Held:
+    """Runs ``model``'s forward in ``phase`` in a thread and holds it where ``place`` puts the
+    hold (``place(hold)`` registers it as some hook and returns the hook's handle), until
+    released: the hold waits in that thread alone."""
 
-    def __init__(self, model, batch, phase: str):
-        self.inside, self.release = threading.Event(), threading.Event()
-        self.seen: list[tuple[bool, bool]] = []
+    def __init__(self, model, batch, phase: str, place: Callable[[Callable], object]):
+        self.reached, self.release = threading.Event(), threading.Event()
         self.error: BaseException | None = None
-        shared = model.config
 
-        def hold(module, args, output):
+        def hold(*_):
             if threading.current_thread() is self.thread:
-                self.seen.append((model.mtp_process, model.config is shared))
-                self.inside.set()
+                self.holding()
+                self.reached.set()
                 assert self.release.wait(THREAD_TIMEOUT)
-                self.seen.append((model.mtp_process, model.config is shared))
+                self.holding()
 
-        self.hook = model.decoder.register_forward_hook(hold)
+        self.hook = place(hold)
 
         def run():
             try:
@@ -287,7 +288,10 @@ class Paused:
 
         self.thread = threading.Thread(target=run)
         self.thread.start()
-        assert self.inside.wait(THREAD_TIMEOUT)
+        assert self.reached.wait(THREAD_TIMEOUT)
+
+    def holding(self) -> None:
+        """Called in the held thread as the hold begins and as it ends."""
 
     def finish(self) -> None:
         self.release.set()
@@ -295,6 +299,19 @@ class Paused:
         self.hook.remove()
         if self.error is not None:
             raise self.error
+
+
+class Paused(Held):
+    """Holds ``model``'s forward inside the decoder; ``seen``: the gates (``mtp_process``, and
+    whether ``config`` is the model's own) as the hold began and as it ended."""
+
+    def __init__(self, model, batch, phase: str):
+        self.model, self.shared = model, model.config
+        self.seen: list[tuple[bool, bool]] = []
+        super().__init__(model, batch, phase, model.decoder.register_forward_hook)
+
+    def holding(self) -> None:
+        self.seen.append((self.model.mtp_process, self.model.config is self.shared))
 
 
 def megatron_ddp_steps(

@@ -16,7 +16,7 @@ import torch
 
 import mtp_hooks
 
-from model_fixtures import THREAD_TIMEOUT, Paused, forward_in, native
+from model_fixtures import THREAD_TIMEOUT, Held, Paused, forward_in, native
 
 
 @pytest.mark.parametrize("first,second", [("rollout", "eval"), ("eval", "rollout")])
@@ -97,43 +97,21 @@ def test_threads_deciding_a_new_phase_at_once_count_into_one_list(build, batch):
     assert handle.stats() == {"eval": {"run": 1}} and first == [1, 0, 0, 0, 0]
 
 
-class Entering:
-    """Holds ``model``'s next forward in another thread just after torch has listed the hooks
-    it will call (a global hook runs first from that list), until released."""
+def held_entering(model, batch, where: str) -> Held:
+    """Holds ``model``'s next evaluation in another thread just after torch has listed the
+    hooks it will call, ``where`` it lists them (``"pre"``: before the forward, ``"post"``:
+    after it), until released: a global hook runs first from that list."""
+    from torch.nn.modules import module as torch_module
 
-    def __init__(self, model, batch, where: str):
-        from torch.nn.modules import module as torch_module
+    register = {
+        "pre": torch_module.register_module_forward_pre_hook,
+        "post": torch_module.register_module_forward_hook,
+    }[where]
 
-        self.listed, self.release = threading.Event(), threading.Event()
-        self.error: BaseException | None = None
-        register = {
-            "pre": torch_module.register_module_forward_pre_hook,
-            "post": torch_module.register_module_forward_hook,
-        }[where]
+    def place(hold):
+        return register(lambda module, *rest: hold() if module is model else None)
 
-        def hold(module, *_):
-            if module is model and threading.current_thread() is self.thread:
-                self.listed.set()
-                assert self.release.wait(THREAD_TIMEOUT)
-
-        self.hook = register(hold)
-
-        def run():
-            try:
-                forward_in(model, batch, "eval")
-            except BaseException as exc:  # reported to the test
-                self.error = exc
-
-        self.thread = threading.Thread(target=run)
-        self.thread.start()
-        assert self.listed.wait(THREAD_TIMEOUT)
-
-    def finish(self) -> None:
-        self.release.set()
-        self.thread.join(THREAD_TIMEOUT)
-        self.hook.remove()
-        if self.error is not None:
-            raise self.error
+    return Held(model, batch, "eval", place)
 
 
 def test_remove_while_another_threads_forward_is_entering_leaves_that_forward_ungated(
@@ -143,7 +121,7 @@ def test_remove_while_another_threads_forward_is_entering_leaves_that_forward_un
     counter = count_mtp(model)
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("eval=skip")
-    entering = Entering(model, batch, "pre")  # torch has listed the gate's pre-hook
+    entering = held_entering(model, batch, "pre")  # torch has listed the gate's pre-hook
     handle.remove()
     entering.finish()  # the pre-hook it listed is gone: megatron's own forward, MTP runs
     assert counter.n == 1 and handle.stats() == {}
@@ -160,7 +138,7 @@ def test_a_forward_that_listed_the_restoring_hook_after_it_went_ends_cleanly(
     mtp_hooks.configure("eval=run")
     running = Paused(model, batch, "eval")  # in flight: the restoring hook stays for it
     handle.remove()
-    entering = Entering(model, batch, "post")  # ran ungated, then listed the restoring hook
+    entering = held_entering(model, batch, "post")  # ran ungated, then listed the restoring hook
     running.finish()  # the last forward in flight ends: the restoring hook goes
     entering.finish()
     assert counter.n == 2 and model.mtp_process is True and model.config is shared
@@ -181,7 +159,7 @@ def test_a_first_forward_begun_before_another_thread_attached_the_model_is_refus
     model = auto_attached(build)
     counter = count_mtp(model)
     mtp_hooks.configure("eval=skip")
-    entering = Entering(model, batch, "pre")  # torch has listed the first-forward hook
+    entering = held_entering(model, batch, "pre")  # torch has listed the first-forward hook
     forward_in(model, batch, "eval")  # this thread's first forward attaches the model
     with pytest.raises(mtp_hooks.MTPHooksError, match="first forward began in two threads"):
         entering.finish()
