@@ -82,6 +82,8 @@ def test_an_unsupported_model_names_auto_attach_in_its_error(auto, build, batch)
     mtp_hooks.configure("eval=run+metrics")
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="MTP_HOOKS_AUTO"):
         model(*batch.args(), labels=batch.labels)
+    with pytest.raises(mtp_hooks.UnsupportedModelError, match="MTP_HOOKS_AUTO"):
+        model(*batch.args(), labels=batch.labels)  # still watched: refused again, never ungated
 
 
 @pytest.mark.skipif(
