@@ -69,6 +69,16 @@ FRAMEWORKS = [
     "nvidia-modelopt==0.47.0",
     "requests",
     "huggingface_hub",
+    *[  # what veRL's actor worker imports beyond its declared base dependencies (with pyarrow
+        # and pandas, about 200 MB; tests/plugins/test_verl_worker.py runs the worker)
+        "hydra-core==1.3.8",
+        "peft==0.21.2",
+        "datasets==5.2.0",
+        "pillow==13.0.0",
+        "uvicorn==0.55.0",
+        "fastapi==0.165.0",
+        "cachetools==8.0.3",
+    ],
 ]
 # megatron's Mamba-2 layer calls mamba-ssm's Triton kernels, which the CPU tests run through
 # Triton's interpreter (tests/mamba_on_cpu.py); mamba-ssm is an sdist whose build compiles CUDA

@@ -28,6 +28,7 @@ from ._errors import (
     UnsupportedModelError,
 )
 from ._explain import explain
+from ._forward_call import ForwardCall
 from ._loss_masks import mtp_loss_mask
 from ._metrics import MTPMetrics
 from ._phase_catalogue import declare_phase, phase
@@ -48,6 +49,7 @@ __all__ = [
     "AttachHandle",
     "Decision",
     "DecisionMismatchError",
+    "ForwardCall",
     "MTPHooksError",
     "MTPMetrics",
     "Phase",

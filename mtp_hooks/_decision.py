@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from . import _phase_catalogue, _phases, _policy_entry, _roles, _runtime, _sources
 from ._errors import MTPHooksError, PolicyConflictError, PolicyError
+from ._forward_call import ForwardCall
 from ._plugin_registry import registry as _registry
 from ._policy_entry import PolicyEntry
 
@@ -261,8 +262,10 @@ STEPS: Mapping[str, Step] = MappingProxyType(
 of :data:`mtp_hooks._policy_entry.OPTIONS` (``objective`` reads what ``detach`` decided)."""
 
 
-def _plugin_decision(model: Any, phase: Any, role: str | None) -> Decision:
-    votes = MappingProxyType(dict(sorted(_registry().votes(model, phase))))
+def _plugin_decision(
+    model: Any, phase: Any, role: str | None, call: ForwardCall | None
+) -> Decision:
+    votes = MappingProxyType(dict(sorted(_registry().votes(model, phase, call))))
     cast = {v for v in votes.values() if v is not None}
     if len(cast) > 1:
         listed = ", ".join(
@@ -316,15 +319,17 @@ def decide(model: Any, phase: _phases.Phase | str) -> Decision:
 
 
 def decide_normalized(
-    model: Any, phase: _phases.Phase | str, role: str | None
+    model: Any, phase: _phases.Phase | str, role: str | None, call: ForwardCall | None = None
 ) -> tuple[Decision, bool]:
     """:func:`decide` for a phase already normalized; also says whether the result may be cached.
+    ``call``: the forward being decided, which plugins' votes may read.
 
     A decision may be reused for this model and phase until the runtime's ``generation``
     changes when no plugin was consulted (the config decided, or no plugin implements
-    ``should_run_mtp``) or every plugin that votes is a ``cacheable_vote``, and no
-    ``mtp_loss_scale`` plugin gave its weight. Only decisions that consulted no plugin are also
-    shared across models of one role (a vote may depend on the model).
+    ``should_run_mtp``) or every plugin that votes is a ``cacheable_vote`` and none read the
+    forward call, and no ``mtp_loss_scale`` plugin gave its weight. Only decisions that
+    consulted no plugin are also shared across models of one role (a vote may depend on the
+    model).
     """
     generation = _sources.generation()
     runtime = _runtime.current
@@ -336,14 +341,18 @@ def decide_normalized(
     if decision is not None:
         return decision, True
     try:
-        return _decide(model, phase, role, memo)
+        return _decide(model, phase, role, memo, call)
     except MTPHooksError as error:  # a plugin's answer, or a refusal: name the phase and role
         error.fill(phase=str(phase), role=role)
         raise
 
 
 def _decide(
-    model: Any, phase: _phases.Phase | str, role: str | None, memo: dict[Any, Decision]
+    model: Any,
+    phase: _phases.Phase | str,
+    role: str | None,
+    memo: dict[Any, Decision],
+    call: ForwardCall | None,
 ) -> tuple[Decision, bool]:
     """:func:`decide_normalized` where its memo holds no decision."""
     tracing = _sources.tracing()
@@ -355,9 +364,11 @@ def _decide(
         shared = True
         cacheable = not tracing  # a traced decision is logged at every call
     else:
-        decision = _plugin_decision(model, phase, role)
+        decision = _plugin_decision(model, phase, role, call)
         shared = not decision.votes
         cacheable = (shared or _registry().votes_cacheable()) and not tracing
+        if call is not None and call.read:  # a vote followed this call's arguments
+            cacheable = False
     if decision.run:
         implements = _registry().implements
         for option in _policy_entry.OPTIONS:

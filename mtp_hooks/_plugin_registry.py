@@ -16,7 +16,7 @@ import inspect
 import os
 import reprlib
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pluggy
 
@@ -30,6 +30,9 @@ from ._plugin_checks import (
     declared_phases,
 )
 from ._weights import check_loss_scale
+
+if TYPE_CHECKING:
+    from ._forward_call import ForwardCall
 
 ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
 ENV_DISABLE = "MTP_HOOKS_DISABLE"
@@ -208,8 +211,11 @@ class PluginRegistry:
         _runtime.advance()
 
     # -- hook calls --------------------------------------------------------------------------
-    def votes(self, model: Any, phase: Any) -> list[tuple[str, bool | None]]:
-        """Call ``should_run_mtp`` on every plugin and return ``(plugin name, vote)`` pairs.
+    def votes(
+        self, model: Any, phase: Any, call: ForwardCall | None = None
+    ) -> list[tuple[str, bool | None]]:
+        """Call ``should_run_mtp`` on every plugin and return ``(plugin name, vote)`` pairs;
+        ``call``: the forward being decided, if any.
 
         Raises:
             PluginError: A plugin raised; its exception is chained and the plugin is named.
@@ -217,7 +223,7 @@ class PluginRegistry:
         """
         return [
             (name, check_vote(name, "should_run_mtp", vote))
-            for name, vote in self._answers("should_run_mtp", model=model, phase=phase)
+            for name, vote in self._answers("should_run_mtp", model=model, phase=phase, call=call)
         ]
 
     def loss_scales(self, model: Any, phase: Any) -> list[tuple[str, float]]:

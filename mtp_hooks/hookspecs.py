@@ -14,6 +14,7 @@ import pluggy
 if TYPE_CHECKING:  # annotations only: torch is optional, and the phases import the registry
     import torch
 
+    from ._forward_call import ForwardCall
     from ._metrics import MTPMetrics
     from ._phases import PhaseLike
 
@@ -30,7 +31,9 @@ policy's ``+objective:NAME``."""
 
 
 @hookspec
-def should_run_mtp(model: torch.nn.Module | None, phase: PhaseLike) -> bool | None:
+def should_run_mtp(
+    model: torch.nn.Module | None, phase: PhaseLike, call: ForwardCall | None
+) -> bool | None:
     """Vote on whether ``model`` runs its MTP block in ``phase``.
 
     Called at every gated forward call of an attached model (and by :func:`mtp_hooks.decide`),
@@ -45,6 +48,11 @@ def should_run_mtp(model: torch.nn.Module | None, phase: PhaseLike) -> bool | No
             ``None`` when a policy is explained without a model (``mtp-hooks explain``).
         phase: A :class:`mtp_hooks.Phase` member or a declared custom phase name (a ``str``).
             ``Phase`` members compare equal to their string values.
+        call: The forward call being decided (:class:`mtp_hooks.ForwardCall`: what its caller
+            passed), or ``None`` when asked outside a forward (:func:`mtp_hooks.decide`,
+            ``explain``). Leave it out of the signature unless the vote needs it (pluggy passes
+            an implementation only the arguments it names). A vote that reads it is asked
+            again at every forward, even as a ``cacheable_vote``.
 
     Returns:
         ``True`` to run MTP, ``False`` to skip it, ``None`` to abstain. If the non-``None`` votes
@@ -66,6 +74,13 @@ def should_run_mtp(model: torch.nn.Module | None, phase: PhaseLike) -> bool | No
                     if role_of(model) == "teacher":
                         return False
                     return phase == Phase.TRAIN
+
+            class TrainWhenTheCallerPassesLabels:  # the call carries the caller's intent
+                @hookimpl
+                def should_run_mtp(self, model, phase, call):
+                    if phase != Phase.TRAIN or call is None:
+                        return None
+                    return call.argument("labels") is not None
     """
 
 

@@ -142,6 +142,7 @@ def build_gpt(
     share_embeddings: bool = False,
     model_cls: type | None = None,
     with_mtp_block: bool = True,
+    position_embedding: str | None = None,
     **config_overrides: Any,
 ) -> Any:
     """Build a ``GPTModel`` from megatron's local layer spec, with an MTP block of the spec's depth.
@@ -153,12 +154,14 @@ def build_gpt(
             ``"transformer_engine"`` (megatron's Transformer Engine layer and MTP specs, as
             Megatron-LM's ``--transformer-impl transformer_engine``; CUDA only, and
             ``attention`` is then TE's).
-        pre_process: Build the embedding (False mimics a later pipeline stage).
-        post_process: Build the output layer.
-        share_embeddings: ``share_embeddings_and_output_weights``.
-        model_cls: A ``GPTModel`` subclass to build instead.
+        pre_process, post_process: Build the embedding, the output layer (False mimics a
+            later, an earlier pipeline stage).
+        share_embeddings, model_cls: ``share_embeddings_and_output_weights``; a subclass.
         with_mtp_block: False builds no MTP block even though ``mtp_num_layers`` is set, like
             a pipeline stage that holds no MTP layer.
+        position_embedding: megatron's ``position_embedding_type`` (default: ``"rope"`` on a
+            GPU, ``"learned_absolute"`` on a CPU); ``"none"`` on a CPU for callers that pass
+            no ``position_ids``, as veRL's packed forwards do.
         **config_overrides: Extra ``TransformerConfig`` fields.
     """
     from megatron.core.models.gpt import GPTModel, gpt_layer_specs
@@ -166,6 +169,7 @@ def build_gpt(
     spec = spec or TinySpec()
     config = _config(spec, **config_overrides)
     te = _local_specs.check_impl(transformer_impl)
+    default_positions = "rope" if torch.cuda.is_available() else "learned_absolute"
     if te:
         layer_spec = gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
     else:
@@ -183,7 +187,7 @@ def build_gpt(
         pre_process=pre_process,
         post_process=post_process,
         share_embeddings_and_output_weights=share_embeddings,
-        position_embedding_type="learned_absolute" if not torch.cuda.is_available() else "rope",
+        position_embedding_type=position_embedding or default_positions,
         mtp_block_spec=mtp_spec,
     )
 

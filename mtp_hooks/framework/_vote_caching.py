@@ -19,7 +19,9 @@ def cacheable_vote(hook: F) -> F:
     state mtp-hooks cannot see, such as the training step. A vote that depends only on the
     model, the phase, the model's role and state whose every change calls
     :func:`votes_changed` (as :meth:`RoleSettings.set` does) can be reused per model and phase
-    instead; a decision is then cached only while every plugin that votes is declared so.
+    instead; a decision is then cached only while every plugin that votes is declared so,
+    and only where no vote read the forward call (its ``call`` argument): a vote may read it
+    in one phase and be reused in the others.
     Works on functions and on methods, in either order with ``@hookimpl``.
 
     Example:

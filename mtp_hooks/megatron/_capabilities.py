@@ -106,6 +106,15 @@ def labels_position(cls: Any) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=64)
+def positional_names(cls: Any) -> tuple[str, ...]:
+    """The names of ``cls.forward``'s parameters that a call can pass by position, after
+    ``self``, in order: how a :class:`~mtp_hooks.ForwardCall` names positional arguments."""
+    params = list(forward_signature(cls).parameters.values())[1:]
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return tuple(p.name for p in params if p.kind in kinds)
+
+
 def inference_call(model: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether this call of ``model`` is an inference forward: megatron's ``InferenceMode`` is
     active, or an inference context is passed (by name or by position)."""

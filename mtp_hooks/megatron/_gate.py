@@ -45,6 +45,7 @@ import torch
 
 from .. import _loss_masks, _phases, _runtime, _sources
 from .._errors import UnsupportedModelError
+from .._forward_call import ForwardCall
 from . import (
     _call_stack,
     _capabilities,
@@ -105,6 +106,7 @@ class MTPGate:
         self.loss_stage = _standalone.loss_stage(model)  # follows the MTP stage
         self.standalone = _standalone.layout(model.config)
         self.labels_at = _capabilities.labels_position(self.cls)
+        self.names = _capabilities.positional_names(self.cls)  # what a vote's call reads
         self.local_graphs = (
             graphs == "local" and not self.loss_stage and _cuda_graphs.mtp_layers_graphed(model)
         )
@@ -274,7 +276,7 @@ class MTPGate:
             if not self.loss_stage:
                 return None
             # a loss stage: its phase's plan, run or skip as the MTP stage did (never +metrics)
-            plan = _phase_plan.plan(self, module, phase)
+            plan = _phase_plan.plan(self, module, phase, ForwardCall(args, kwargs, self.names))
             ran = _standalone.mtp_ran(module, args, kwargs, self.labels_at)
             if plan.run != ran:  # the MTP stage decided otherwise: do what it did, plainly
                 plan = plan.plainly(ran)
@@ -283,7 +285,7 @@ class MTPGate:
             runtime = _runtime.current  # while watching, generation() reads the sources
             generation = _sources.generation() if runtime.watching else runtime.generation
             if cached is None or cached.generation != generation or self.checks:
-                plan = _phase_plan.plan(self, module, phase)
+                plan = _phase_plan.plan(self, module, phase, ForwardCall(args, kwargs, self.names))
             else:
                 plan = cached
         if self.native and plan.run and kwargs.get(_NATIVE_FLAG) is False:

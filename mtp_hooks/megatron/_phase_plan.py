@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from .. import _decision, _phases, _roles, _sources
 from .._errors import about
+from .._forward_call import ForwardCall
 from .._plugin_registry import registry
 from .._policy_entry import plan_fields
 from . import _cuda_graphs, _rank_agreement, _refusals
@@ -129,9 +130,11 @@ def check_policy(gate: Planner, module: torch.nn.Module, role: str | None) -> No
         _refusals.check_policy(gate, module, role)
 
 
-def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:
+def plan(
+    gate: Planner, module: torch.nn.Module, phase: Any, call: ForwardCall | None = None
+) -> PhasePlan:
     """Decide for ``gate``'s model in ``phase`` and plan the calls; cache the plan when the
-    decision may be reused.
+    decision may be reused. ``call``: the forward being planned, for votes that read it.
 
     Raises:
         UnsupportedModelError: The policy asks for what this model cannot do.
@@ -142,7 +145,7 @@ def plan(gate: Planner, module: torch.nn.Module, phase: Any) -> PhasePlan:
     if gate.policy_checked != generation:
         check_policy(gate, module, role)
         gate.policy_checked = generation
-    decision, cacheable = _decision.decide_normalized(module, phase, role)
+    decision, cacheable = _decision.decide_normalized(module, phase, role, call)
     if gate.verify and not (gate.full_graphs and _cuda_graphs.capturing()):
         _rank_agreement.verify(decision, phase)  # host syncs: never inside a capture
     if gate.local_graphs and decision.run:

@@ -15,7 +15,8 @@ PACKAGES = [ROOT / "mtp_hooks", *sorted((ROOT / "plugins").glob("*/mtp_hooks_*")
 LAYERS = {
     "ground floor": [
         "mtp_hooks._errors", "mtp_hooks._env", "mtp_hooks._runtime", "mtp_hooks._phases",
-        "mtp_hooks._weights", "mtp_hooks._metrics", "mtp_hooks.hookspecs",
+        "mtp_hooks._weights", "mtp_hooks._metrics", "mtp_hooks._forward_call",
+        "mtp_hooks.hookspecs",
     ],
     "plugin registry": [
         "mtp_hooks._plugin_checks", "mtp_hooks._plugin_registry", "mtp_hooks._roles",

@@ -81,7 +81,9 @@ def test_the_verl_vote_is_reused_until_verl_is_configured_again(actor, batch, mo
     asked = []
     vote = mtp_hooks_verl.hooks.vote
     monkeypatch.setattr(
-        mtp_hooks_verl.hooks, "vote", lambda m, phase: asked.append(phase) or vote(m, phase)
+        mtp_hooks_verl.hooks,
+        "vote",
+        lambda m, phase, call: asked.append(phase) or vote(m, phase, call),
     )
     observe(actor, batch, "eval")  # the first forward also loads the plugins
     asked.clear()

@@ -10,10 +10,15 @@ rollout engine). With :func:`configure` this plugin maps it to phases:
 * role ``ref``: always skip.
 
 In a veRL worker process, where the driver's config object is out of reach, it votes *skip*
-for ``eval`` and ``rollout`` and abstains in ``train``, where veRL's own ``mtp_patch`` decides
-from the labels it passes. These worker defaults apply only in a process that has imported
-``verl``, as every veRL worker has; unconfigured, in any other process, the plugin abstains, so
-installing it changes no other job. Importing ``verl`` turns on auto-attach (the
+for ``eval`` and ``rollout``, and in ``train`` reads veRL's config from the forward call itself:
+veRL passes ``labels`` or a ``loss_mask`` to the model exactly when ``enable`` and
+``enable_train`` are both on (veRL 0.9.1 passes both; its draft for native ``HybridModel`` MTP
+passes the mask alone), so MTP trains in such a forward and is skipped in any other. On a
+``GPTModel`` veRL's own ``mtp_patch`` follows the same labels; on a ``HybridModel``, which veRL
+0.9.1 does not patch and megatron runs MTP in every training forward, this is what keeps
+``enable_train=False`` from training MTP. These worker defaults apply only in a process that
+has imported ``verl``, as every veRL worker has; unconfigured, in any other process, the plugin
+abstains, so installing it changes no other job. Importing ``verl`` turns on auto-attach (the
 ``verl.plugins`` entry point, :mod:`mtp_hooks_verl.verl_entry`), so worker models are gated
 without code changes.
 
@@ -26,10 +31,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from mtp_hooks import Phase, PolicyError, role_of
+from mtp_hooks import ForwardCall, Phase, PolicyError, role_of
 from mtp_hooks.framework import RoleSettings, as_mapping, framework_imported, read_key
 
-__all__ = ["VerlMTPConfig", "configure", "current", "reset", "vote"]
+__all__ = ["VerlMTPConfig", "configure", "current", "reset", "trains_mtp", "vote"]
 
 WHERE = "actor_rollout_ref.model.mtp"
 
@@ -43,10 +48,15 @@ class VerlMTPConfig:
     enable_rollout: bool
     configured: bool = True
 
-    def decide(self, phase: Any, role: str | None) -> bool | None:
-        """The vote for one forward; ``None`` for phases veRL does not use."""
+    def decide(self, phase: Any, role: str | None, call: ForwardCall | None = None) -> bool | None:
+        """The vote for one forward; ``None`` for phases veRL does not use. ``call``: the
+        forward being decided, which the worker default reads in ``train``."""
         if not self.configured:
-            return False if role == "ref" or phase in (Phase.ROLLOUT, Phase.EVAL) else None
+            if role == "ref" or phase in (Phase.ROLLOUT, Phase.EVAL):
+                return False
+            if phase == Phase.TRAIN and call is not None:
+                return trains_mtp(call)
+            return None
         if not self.enable:
             return False
         if role == "ref" or phase in (Phase.ROLLOUT, Phase.EVAL):
@@ -54,6 +64,12 @@ class VerlMTPConfig:
         if phase == Phase.TRAIN:
             return self.enable_train
         return None
+
+
+def trains_mtp(call: ForwardCall) -> bool:
+    """Whether veRL asks this forward to train MTP: it passes ``labels`` or a ``loss_mask``
+    to the model only then (``verl/models/mcore/model_forward.py``, ``mtp_enable_train``)."""
+    return call.argument("labels") is not None or call.argument("loss_mask") is not None
 
 
 _settings: RoleSettings[VerlMTPConfig] = RoleSettings()
@@ -99,7 +115,7 @@ def reset() -> None:
     _settings.reset()
 
 
-def vote(model: Any, phase: Any) -> bool | None:
+def vote(model: Any, phase: Any, call: ForwardCall | None = None) -> bool | None:
     """The plugin's vote for one forward of ``model``: the configured policy, else the worker
     default where ``verl`` is imported, else ``None`` (abstain)."""
     config = current()
@@ -107,4 +123,4 @@ def vote(model: Any, phase: Any) -> bool | None:
         if not framework_imported("verl"):
             return None
         config = WORKER_DEFAULT
-    return config.decide(phase, role_of(model))
+    return config.decide(phase, role_of(model), call)

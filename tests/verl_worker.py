@@ -1,0 +1,342 @@
+"""veRL 0.9.1's own actor worker in one CPU process: ``python tests/verl_worker.py ARGS``.
+
+Runs ``ActorRolloutRefWorker(role="actor")`` as a veRL Ray worker runs it (``init_model``, then
+``compute_log_prob`` and ``update_actor`` per step), without Ray or a rollout engine (role
+``actor`` builds none), and prints one JSON line of observables. veRL's files run unedited.
+What stands in, here and nowhere else:
+
+* **the model source**: veRL builds its model from a Hugging Face checkpoint through a bridge;
+  here the engine's two build steps make a tiny megatron-core model in the process instead,
+  still through veRL's own ``check_mtp_config`` and its DDP wrapping (``get_model``);
+* **what a CPU lacks**: a ``cpu`` platform in veRL's platform registry, veRL's own engine
+  override (``VERL_ENGINE_DEVICE``), the gloo group started first, and megatron's direct CUDA
+  calls pointed at the CPU.
+
+The plugin is on unless ``--no-plugin`` (then ``MTP_HOOKS_AUTO=0`` and the veRL plugin is
+disabled, as on a machine without mtp-hooks-verl).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+VOCAB, SEQ, BATCH = 128, 32, 2
+# Two rollouts of a hand-built batch: prompts left-padded to PROMPT tokens, responses
+# right-padded to RESPONSE tokens (the second prompt one token short, its response two).
+PROMPT, RESPONSE = 4, 6
+PROMPT_LENGTHS, RESPONSE_LENGTHS = (4, 3), (6, 4)
+
+
+# -- the model source ---------------------------------------------------------------------------
+def build_model(
+    args: argparse.Namespace, depths: int | None, pre_process: bool, post_process: bool
+) -> Any:
+    """The megatron-core model of ``args.model`` with ``depths`` MTP layers (``None``: none)."""
+    import torch
+
+    from mtp_hooks.demo import nemotron_models, tiny_models
+
+    torch.manual_seed(0)
+    common: dict[str, Any] = {"pre_process": pre_process, "post_process": post_process}
+    common.update(attention="sdpa", bf16=True, params_dtype=torch.bfloat16)  # veRL's dtype
+    if args.model == "gpt":  # no position embedding: veRL's packed forwards pass no positions
+        spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB, mtp_num_layers=depths)
+        return tiny_models.build_gpt(
+            spec, position_embedding="none", with_mtp_block=bool(depths), **common
+        )
+    if args.model == "hybrid":
+        spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB)
+        return tiny_models.build_hybrid(spec, pattern="*-" + "/*-" * (depths or 0), **common)
+    spec = tiny_models.TinySpec(
+        hidden_size=32, num_attention_heads=2, seq_length=SEQ, vocab_size=VOCAB,
+        rmsnorm=True, bias=False,
+    )  # fmt: skip
+    pattern = "M*E" + "/*E" * (depths or 0)
+    return nemotron_models.build_nemotron(spec, pattern=pattern, expert_bias=False, **common)
+
+
+def replace_model_source(args: argparse.Namespace) -> None:
+    """The engine's two build steps (HF checkpoint -> bridge -> model -> weights), replaced by
+    a model built here, through veRL's own ``check_mtp_config`` and DDP wrapping."""
+    import torch
+    from verl.utils.megatron_utils import _get_mtp_num_layers, check_mtp_config, get_model
+    from verl.workers.engine.megatron.transformer_impl import MegatronEngine
+
+    def build_tf_config(engine: Any) -> None:
+        engine.is_value_model = False
+        engine.share_embeddings_and_output_weights = False
+        check_mtp_config(engine.model_config, engine.engine_config)  # veRL's own MTP decision
+        engine.param_dtype = engine.dtype = torch.bfloat16
+        engine.provider = engine.bridge = engine.peft_cls = None
+        engine.vanilla_bridge = False
+        engine.tf_config = None  # set from the model built below
+
+    def build_megatron_module(engine: Any) -> list[Any]:
+        depths = _get_mtp_num_layers(engine.model_config.hf_config) or None
+
+        def provider(pre_process: bool, post_process: bool, vp_stage: int | None = None) -> Any:
+            return build_model(args, depths, pre_process, post_process)
+
+        module = get_model(
+            provider,
+            wrap_with_ddp=not engine.engine_config.forward_only,
+            use_distributed_optimizer=engine.engine_config.use_distributed_optimizer,
+        )
+        engine.tf_config = module[0].config
+        return module
+
+    MegatronEngine._build_tf_config = build_tf_config
+    MegatronEngine._build_megatron_module = build_megatron_module
+
+
+def model_directory(root: Path) -> Path:
+    """What veRL reads from a checkpoint directory besides weights: a Hugging Face config (its
+    ``num_nextn_predict_layers`` is what ``check_mtp_config`` reads) and a tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, PreTrainedTokenizerFast
+
+    path = root / "model"
+    tokenizer = Tokenizer(models.WordLevel({f"t{i}": i for i in range(VOCAB)}, unk_token="t0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, pad_token="t0", eos_token="t1")
+    fast.save_pretrained(path)
+    LlamaConfig(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=SEQ,
+        num_nextn_predict_layers=1,
+        architectures=["LlamaForCausalLM"],
+        tie_word_embeddings=False,
+    ).save_pretrained(path)
+    return path
+
+
+def trainer_config(args: argparse.Namespace, model_path: Path, checkpoint: Path) -> Any:
+    """veRL's composed default trainer config, with this run's model, batch and MTP config."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    default = files("verl.trainer.config") / "_generated_ppo_megatron_trainer.yaml"
+    config = OmegaConf.load(str(default))
+    mtp: dict[str, dict[str, bool]] = {"off": {}, "load": {"enable": True}}
+    mtp["train"] = {"enable": True, "enable_train": True}
+    mtp["detach"] = {**mtp["train"], "detach_encoder": True}
+    settings: dict[str, Any] = {
+        "model.path": str(model_path),
+        "model.use_remove_padding": args.format == "thd",
+        **{f"model.mtp.{key}": value for key, value in mtp[args.mtp].items()},
+        # no bridge: the model source stands in, and the checkpoint manager then asks for
+        # megatron's dist checkpoints
+        "actor.megatron.use_dist_checkpointing": True,
+        "actor.megatron.dist_checkpointing_path": str(checkpoint),
+        "actor.ppo_mini_batch_size": BATCH,
+        "actor.ppo_micro_batch_size_per_gpu": BATCH,
+        "actor.optim.total_training_steps": 10,  # the trainer sets it from the data
+        "rollout.log_prob_micro_batch_size_per_gpu": BATCH,
+        "rollout.n": 1,
+    }
+    for key, value in settings.items():
+        OmegaConf.update(config, f"actor_rollout_ref.{key}", value)
+    return config
+
+
+# -- the batches, as veRL's trainer hands them over ----------------------------------------------
+def rollout_batch() -> Any:
+    import torch
+    from verl import DataProto
+
+    g = torch.Generator().manual_seed(11)
+    ids = torch.randint(2, VOCAB, (BATCH, PROMPT + RESPONSE), generator=g)
+    mask = torch.zeros(BATCH, PROMPT + RESPONSE, dtype=torch.int64)
+    for i, (p, r) in enumerate(zip(PROMPT_LENGTHS, RESPONSE_LENGTHS, strict=True)):
+        mask[i, PROMPT - p : PROMPT + r] = 1
+    ids = ids * mask  # padding is token 0
+    position_ids = (torch.cumsum(mask, dim=1) - 1).clamp(min=0)
+    return DataProto.from_single_dict(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": position_ids,
+            "prompts": ids[:, :PROMPT],
+            "responses": ids[:, PROMPT:],
+            "response_mask": mask[:, PROMPT:],
+        },
+        meta_info={"temperature": 1.0, "global_token_num": mask.sum(-1).tolist()},
+    )
+
+
+def log_prob_batch() -> Any:
+    """As the trainer's ``_compute_old_log_prob`` hands it over."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    batch = left_right_2_no_padding(rollout_batch().to_tensordict())
+    tu.assign_non_tensor(batch, calculate_entropy=True, compute_loss=False)
+    return batch
+
+
+def update_batch(old_log_probs: Any) -> Any:
+    """As the trainer's ``_update_actor`` hands it over (one mini-batch, one epoch)."""
+    import torch
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding, no_padding_2_padding
+
+    data = rollout_batch()
+    unpadded = left_right_2_no_padding(rollout_batch().to_tensordict())
+    data.batch["old_log_probs"] = no_padding_2_padding(old_log_probs, unpadded).float()
+    data.batch["advantages"] = torch.linspace(-1, 1, RESPONSE).expand(BATCH, -1).clone()
+    data.meta_info["multi_turn"] = False
+    batch = left_right_2_no_padding(data.to_tensordict())
+    tu.assign_non_tensor(
+        batch,
+        calculate_entropy=False,
+        distillation_use_topk=False,
+        distillation_only=False,
+        global_batch_size=BATCH,
+        mini_batch_size=BATCH,
+        epochs=1,
+        seed=1,
+        dataloader_kwargs={"shuffle": False},
+        compute_loss=True,
+    )
+    return batch
+
+
+# -- the observables ----------------------------------------------------------------------------
+class Observed:
+    """MTP forwards per veRL call, and which parameters received gradients in the update."""
+
+    def __init__(self, model: Any) -> None:
+        self.runs: dict[str, int] = {}
+        self.call = ""
+        self.grads: set[str] = set()
+        mtp = getattr(model, "mtp", None)
+        if mtp is not None:
+            mtp.register_forward_hook(lambda *a: self.count())
+        for name, param in model.named_parameters():
+            if param.requires_grad:
+                param.register_hook(lambda g, name=name: self.saw(name, g))
+
+    def saw(self, name: str, grad: Any) -> Any:
+        # a skipped forward owes megatron's DDP a gradient for every MTP parameter (zeros)
+        if bool(grad.ne(0).any()):
+            self.grads.add(name)
+        return grad
+
+    def count(self) -> None:
+        self.runs[self.call] = self.runs.get(self.call, 0) + 1
+
+    def start(self, call: str) -> None:
+        self.call = call
+        self.runs[call] = 0
+        self.grads.clear()
+
+    def trained(self) -> dict[str, bool]:
+        return {
+            "mtp": any(n.startswith("mtp.") for n in self.grads),
+            "trunk": any(not n.startswith("mtp.") for n in self.grads),
+        }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return float(value) if hasattr(value, "__float__") else str(value)
+
+
+def drive(args: argparse.Namespace) -> dict[str, Any]:
+    from verl.utils.megatron_utils import unwrap_model
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    root = Path(tempfile.mkdtemp(prefix="verl-worker-"))
+    config = trainer_config(args, model_directory(root), root / "checkpoint")
+    worker = ActorRolloutRefWorker(config=config.actor_rollout_ref, role="actor")
+    worker.init_model()
+    model = unwrap_model(worker.actor.engine.module[0])  # inside DDP and Float16Module
+    seen = Observed(model)
+    steps = []
+    for _ in range(args.steps):
+        seen.start("compute_log_prob")
+        log_probs = worker.compute_log_prob(log_prob_batch())["log_probs"]
+        log_prob_trained = seen.trained()
+        seen.start("update_actor")
+        metrics = worker.update_actor(update_batch(log_probs))["metrics"]
+        steps.append(
+            {
+                "mtp_forwards": dict(seen.runs),
+                "gradients": {"compute_log_prob": log_prob_trained, "update_actor": seen.trained()},
+                "log_probs": [float(x) for x in log_probs.values().float()],
+                "metrics": {k: _plain(v) for k, v in sorted(metrics.items())},
+            }
+        )
+    return {"model": type(model).__name__, "has_mtp": hasattr(model, "mtp"), "steps": steps}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    import contextlib
+
+    import pytest
+    import torch
+
+    from mamba_on_cpu import expose_mamba_triton_kernels, kernel_launches_on_cpu
+    from verl_on_cpu import (
+        cuda_on_the_cpu,
+        point_megatron_at_the_cpu,
+        register_cpu_platform,
+        start_gloo,
+    )
+
+    expose_mamba_triton_kernels()  # before megatron is imported: it decides HAVE_MAMBA_SSM then
+    register_cpu_platform()
+    start_gloo()
+    point_megatron_at_the_cpu()
+    replace_model_source(args)
+    with contextlib.ExitStack() as stack:
+        if args.model == "nemotron" and not torch.cuda.is_available():
+            import megatron.core.ssm.mamba_mixer  # noqa: F401  (its kernels, to point at the CPU)
+
+            stack.enter_context(
+                kernel_launches_on_cpu(stack.enter_context(pytest.MonkeyPatch.context()))
+            )
+        stack.enter_context(cuda_on_the_cpu())
+        return drive(args)
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", choices=["gpt", "hybrid", "nemotron"], required=True)
+    parser.add_argument("--mtp", choices=["off", "load", "train", "detach"], required=True)
+    parser.add_argument("--format", choices=["thd", "bshd"], default="thd")
+    parser.add_argument("--no-plugin", action="store_true")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--steps", type=int, default=1)
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse()
+    os.environ.update(
+        RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_WORLD_SIZE="1",
+        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(args.port), VERL_PLATFORM="cpu",
+        # veRL's engine registry has CUDA and NPU keys only; its own override picks the engine
+        VERL_ENGINE_DEVICE="cuda", VERL_ENGINE_VENDOR="nvidia",
+    )  # fmt: skip
+    if args.no_plugin:
+        os.environ.update(MTP_HOOKS_AUTO="0", MTP_HOOKS_DISABLE="verl")
+    sys.path.insert(0, str(HERE))
+    print(json.dumps(run(args)))
+
+
+if __name__ == "__main__":
+    main()
