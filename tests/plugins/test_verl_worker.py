@@ -9,22 +9,16 @@ model did: MTP forwards per veRL call, and whether MTP's weights got a non-zero 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
 from model_fixtures import has_hybrid
-from ports import free_port
+from verl_worker import run_in_a_process
 
 pytest.importorskip("verl")
 pytest.importorskip("hydra")
 
-TESTS = Path(__file__).resolve().parent.parent
 MTP_LOSS = "mtp_losses/mtp_1_loss"  # veRL's own metric of the MTP loss
 
 
@@ -61,14 +55,7 @@ CASES = [
 
 
 def run_worker(case: Case, plugin: bool) -> dict:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    command = [sys.executable, str(TESTS / "verl_worker.py"), "--model", case.model]
-    command += ["--mtp", case.mtp, "--format", case.data_format, "--port", str(free_port())]
-    if not plugin:
-        command.append("--no-plugin")
-    out = subprocess.run(command, capture_output=True, text=True, env=base, timeout=600)
-    assert out.returncode == 0, out.stderr[-3000:]
-    (step,) = json.loads(out.stdout.strip().splitlines()[-1])["steps"]
+    (step,) = run_in_a_process(case.model, case.mtp, case.data_format, plugin)["steps"]
     return step
 
 
