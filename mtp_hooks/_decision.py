@@ -262,6 +262,24 @@ STEPS: Mapping[str, Step] = MappingProxyType(
 of :data:`mtp_hooks._policy_entry.OPTIONS` (``objective`` reads what ``detach`` decided)."""
 
 
+def _reused_votes(model: Any, role: str | None, phase: Any) -> Decision | None:
+    """The plugins' decision for ``model`` in ``phase`` kept by :func:`_keep_votes` at this
+    generation, if any: cacheable votes are asked once even where an option's plugin answer
+    (a ``mtp_loss_scale``) is asked at every forward."""
+    try:
+        kept = _runtime.current.votes_memo.get(model)
+    except TypeError:  # a model that cannot be held weakly: never kept
+        return None
+    return None if kept is None else kept.get((role, phase))
+
+
+def _keep_votes(model: Any, role: str | None, phase: Any, decision: Decision) -> None:
+    try:
+        _runtime.current.votes_memo.setdefault(model, {})[(role, phase)] = decision
+    except TypeError:
+        pass
+
+
 def _plugin_decision(
     model: Any, phase: Any, role: str | None, call: ForwardCall | None
 ) -> Decision:
@@ -327,15 +345,17 @@ def decide_normalized(
     A decision may be reused for this model and phase until the runtime's ``generation``
     changes when no plugin was consulted (the config decided, or no plugin implements
     ``should_run_mtp``) or every plugin that votes is a ``cacheable_vote`` and none read the
-    forward call, and no ``mtp_loss_scale`` plugin gave its weight. Only decisions that
-    consulted no plugin are also shared across models of one role (a vote may depend on the
-    model).
+    forward call, and no ``mtp_loss_scale`` plugin gave its weight. Cacheable votes are kept
+    per model and phase even where such a weight is asked again (:func:`_reused_votes`). Only
+    decisions that consulted no plugin are also shared across models of one role (a vote may
+    depend on the model).
     """
     generation = _sources.generation()
     runtime = _runtime.current
     memo = runtime.memo
     if runtime.memo_generation != generation:
         memo.clear()
+        runtime.votes_memo.clear()
         runtime.memo_generation = generation
     decision = memo.get((role, phase))
     if decision is not None:
@@ -364,11 +384,18 @@ def _decide(
         shared = True
         cacheable = not tracing  # a traced decision is logged at every call
     else:
-        decision = _plugin_decision(model, phase, role, call)
+        reusable = _registry().votes_cacheable() and not tracing
+        kept = _reused_votes(model, role, phase) if reusable else None
+        if kept is not None:
+            decision = kept
+        else:
+            decision = _plugin_decision(model, phase, role, call)
+            if call is not None and call.read:  # a vote followed this call's arguments
+                reusable = False
+            if reusable:
+                _keep_votes(model, role, phase, decision)
         shared = not decision.votes
-        cacheable = (shared or _registry().votes_cacheable()) and not tracing
-        if call is not None and call.read:  # a vote followed this call's arguments
-            cacheable = False
+        cacheable = (shared or reusable) and not tracing
     if decision.run:
         implements = _registry().implements
         for option in _policy_entry.OPTIONS:

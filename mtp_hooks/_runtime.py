@@ -51,7 +51,8 @@ class AutoAttachState:
         self.handles: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
         """Model -> the AttachHandle auto-attach made for it at its first forward."""
         self.lock = threading.RLock()
-        """Held while a first forward attaches its model: another thread's waits, then is gated."""
+        """Held while a model is attached (by a first forward or by ``attach``) or a handle's
+        bookkeeping is removed: another thread's attach waits, then finds the handle."""
 
 
 KEPT = ("listeners", "attached", "auto", "threads", "warned", "reset_callbacks")
@@ -69,6 +70,7 @@ class Runtime:
         "phases",
         "roles",
         "memo",
+        "votes_memo",
         "memo_generation",
         *KEPT,
     )
@@ -92,6 +94,11 @@ class Runtime:
         """Each model's role, held weakly."""
         self.memo: dict[tuple[str | None, Any], Any] = {}
         """Decisions that consulted no plugin, by (role, phase), for ``memo_generation``."""
+        self.votes_memo: weakref.WeakKeyDictionary[object, dict[Any, Any]] = (
+            weakref.WeakKeyDictionary()
+        )
+        """The plugins' cacheable votes, per model (held weakly) and (role, phase), for
+        ``memo_generation``."""
         self.memo_generation = -1
         # -- the models and the process (KEPT: carried over by replace()) ---------------
         self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()

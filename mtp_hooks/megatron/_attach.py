@@ -68,6 +68,20 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
     models, wrappers = capabilities.unwrap(model)
     if role is None and not isinstance(model, (list, tuple)):
         role = _roles.role_of(model)  # a role set on the wrapper applies to the model inside
+    with _runtime.current.auto.lock:  # two threads attaching one model: one gates it
+        return _attach(models, wrappers, role, verify, capabilities, settling, gate_cls)
+
+
+def _attach(
+    models: list[Any],
+    wrappers: Any,
+    role: str | None,
+    verify: bool | None,
+    capabilities: Any,
+    settling: Any,
+    gate_cls: Any,
+) -> AttachHandle:
+    """:func:`attach`'s work, under the runtime's attach lock."""
     attached = _runtime.current.attached
     existing = {id(h): h for m in models if (h := attached.get(m)) is not None}
     if existing:

@@ -182,11 +182,13 @@ def refuse_concurrent(records: list[CallRecord], module: Any, decision: str) -> 
     others = sorted({r[THREAD] for r in records[:] if r[THREAD] != me})
     raise MTPHooksError(
         f"mtp_hooks: {type(module).__name__} is running a forward in another thread "
-        f"({', '.join(map(str, others))}) while this forward needs MTP to {decision} the "
-        "other way. The MTP gates are attributes of the shared model, so two threads cannot "
-        "hold different decisions at once. Forward one model per thread, or serialize the "
-        "forwards of this model. (A forward that thread started and a KeyboardInterrupt "
-        "ended counts as running until that thread forwards the model again or ends.)"
+        f"({', '.join(map(str, others))}) while this forward must change the model's MTP "
+        f"gates to make MTP {decision}. The gates are attributes of the shared model, and a "
+        "forward that changes them puts them back when it returns, so two threads cannot "
+        "change them at once, even to the same decision. Forward one model per thread, or "
+        "serialize the forwards of this model. (A forward that thread started and a "
+        "KeyboardInterrupt ended counts as running until that thread forwards the model "
+        "again or ends.)"
     )
 
 

@@ -101,16 +101,17 @@ class AttachHandle:
         """
         for gate in self.gates:
             gate.remove()
-        for ref, prior in zip(self._models, self._prior_roles, strict=True):
-            model = ref()
-            if model is None:
-                continue
-            attached = _runtime.current.attached
-            if attached.get(model) is self:
-                del attached[model]
-            if self.role is not None and _roles.role_of(model) == self.role:
-                _roles.set_role(model, prior)
-        self.gates = []
+        with _runtime.current.auto.lock:  # two threads removing it: one puts the roles back
+            for ref, prior in zip(self._models, self._prior_roles, strict=True):
+                model = ref()
+                if model is None:
+                    continue
+                attached = _runtime.current.attached
+                if attached.get(model) is self:
+                    del attached[model]
+                    if self.role is not None and _roles.role_of(model) == self.role:
+                        _roles.set_role(model, prior)
+            self.gates = []
 
     def __enter__(self) -> AttachHandle:
         return self

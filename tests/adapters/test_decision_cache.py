@@ -159,3 +159,25 @@ def test_the_environment_is_read_at_the_first_gated_forward(build, batch, monkey
     model = build()
     mtp_hooks.attach(model)
     assert skipped(model, batch)
+
+
+class Weight:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    @mtp_hooks.plugins.hookimpl
+    def mtp_loss_scale(self, model, phase):
+        self.calls += 1
+        return 0.5
+
+
+def test_a_cacheable_vote_is_asked_once_where_another_plugin_weighs_every_forward(model, batch):
+    mtp_hooks.configure(None)
+    voter, weight = CacheableVoter(True), Weight()
+    mtp_hooks.plugins.register(voter, name="cached")
+    mtp_hooks.plugins.register(weight, name="weight")
+    for _ in range(3):
+        assert not skipped(model, batch)
+    assert (voter.calls, weight.calls) == (1, 3)  # the weight may follow the step; the vote not
+    votes_changed()
+    assert not skipped(model, batch) and voter.calls == 2

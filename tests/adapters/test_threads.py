@@ -10,11 +10,13 @@ from __future__ import annotations
 import sys
 import threading
 import traceback
+import weakref
 
 import pytest
 import torch
 
 import mtp_hooks
+from mtp_hooks import _runtime
 
 from model_fixtures import THREAD_TIMEOUT, Held, Paused, forward_in, native
 
@@ -218,3 +220,88 @@ def test_first_forwards_in_many_threads_at_once_are_each_gated_or_refused_clearl
             }
     finally:
         sys.setswitchinterval(switching)
+
+
+class MeetInGet(weakref.WeakKeyDictionary):
+    """The runtime's attached-models table, whose every ``get`` of ``model`` reads, then holds
+    its thread until the other thread has read too: the interleaving of a race, on demand.
+    Where a lock lets one thread in at a time, the first gives up waiting after half a second,
+    and from then on no ``get`` waits."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.target = weakref.ref(model)
+        self.barrier = threading.Barrier(2, timeout=0.5)
+
+    def get(self, key, default=None):
+        found = super().get(key, default)  # read first: both threads read before either writes
+        if key is self.target() and not self.barrier.broken:
+            try:
+                self.barrier.wait()
+            except threading.BrokenBarrierError:
+                pass
+        return found
+
+
+def in_two_threads(work) -> list:
+    """``work()`` in two threads at once; both results, or the first error raised."""
+    results: list = [None, None]
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            results[i] = work()
+        except BaseException as exc:  # re-raised below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(THREAD_TIMEOUT)
+    if errors:
+        raise errors[0]
+    return results
+
+
+def gate_pre_hooks(model: torch.nn.Module) -> list:
+    return [
+        h
+        for h in model._forward_pre_hooks.values()
+        if type(getattr(h, "__self__", None)).__name__ == "MTPGate"
+    ]
+
+
+def test_two_threads_attaching_one_model_at_once_gate_it_once(build, batch, monkeypatch):
+    model = build()
+    monkeypatch.setattr(_runtime.current, "attached", MeetInGet(model))
+    first, second = in_two_threads(lambda: mtp_hooks.attach(model))
+    assert first is second and len(gate_pre_hooks(model)) == 1
+    mtp_hooks.configure("eval=skip")
+    forward_in(model, batch, "eval")
+    assert first.stats() == {"eval": {"skip": 1}}
+
+
+def test_two_threads_removing_one_handle_at_once_both_return(build, monkeypatch):
+    model = build()
+    handle = mtp_hooks.attach(model, role="teacher")
+    table = MeetInGet(model)
+    table[model] = handle
+    monkeypatch.setattr(_runtime.current, "attached", table)
+    in_two_threads(handle.remove)  # raised KeyError where both found the model still attached
+    assert gate_pre_hooks(model) == [] and model not in table
+    assert mtp_hooks.role_of(model) is None
+
+
+def test_two_threads_that_both_skip_are_refused_without_saying_the_other_way(build, batch):
+    model = build()
+    mtp_hooks.attach(model)
+    mtp_hooks.configure("eval=skip,rollout=skip")
+    paused = Paused(model, batch, "eval")
+    with pytest.raises(mtp_hooks.MTPHooksError) as refused:
+        forward_in(model, batch, "rollout")
+    paused.finish()
+    assert "make MTP skip" in str(refused.value) and "even to the same decision" in str(
+        refused.value
+    )
+    assert "other way" not in str(refused.value)
