@@ -300,17 +300,24 @@ def _from_compact_item(
 ENV_CONFIG = "MTP_HOOKS_CONFIG"
 
 
-def load_policy_file(path: str | os.PathLike[str]) -> dict[Key, PolicyEntry]:
-    """Read and validate the ``[policy]`` table of a TOML file."""
+def load_policy_file(
+    path: str | os.PathLike[str], origin: str | None = ENV_CONFIG
+) -> dict[Key, PolicyEntry]:
+    """Read and validate the ``[policy]`` table of a TOML file; errors name it as
+    ``"{origin} file 'PATH'"`` (``origin=None``: ``"file 'PATH'"``, a file given directly)."""
     try:
         with open(path, "rb") as fh:
             content = fh.read()
     except OSError as exc:
-        source = f"{ENV_CONFIG} file {os.fspath(path)!r}"
+        source = _file_source(os.fspath(path), origin)
         raise PolicyError(
             f"{source}: cannot read it: {exc.strerror or exc}", source=source
         ) from exc
-    return parse_file(os.fspath(path), content)
+    return parse_file(os.fspath(path), content, origin)
+
+
+def _file_source(path: str, origin: str | None) -> str:
+    return f"{origin} file {path!r}" if origin else f"file {path!r}"
 
 
 def _policy_table(document: dict[str, Any], source: str) -> dict[Key, PolicyEntry]:
@@ -336,9 +343,12 @@ def read_bytes(path: str) -> bytes | None:
         return None
 
 
-def parse_file(path: str, content: bytes | None) -> dict[Key, PolicyEntry]:
-    """Validate the ``[policy]`` table of a TOML file's ``content`` (``None``: unreadable)."""
-    source = f"{ENV_CONFIG} file {path!r}"
+def parse_file(
+    path: str, content: bytes | None, origin: str | None = ENV_CONFIG
+) -> dict[Key, PolicyEntry]:
+    """Validate the ``[policy]`` table of a TOML file's ``content`` (``None``: unreadable);
+    ``origin`` as for :func:`load_policy_file`."""
+    source = _file_source(path, origin)
     if content is None:
         raise PolicyError(f"{source}: cannot read it", source=source)
     try:

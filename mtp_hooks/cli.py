@@ -59,7 +59,7 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         entries = _policy.parse_policy(args.policy, "--policy")
     else:
         what = args.file
-        entries = _policy.load_policy_file(args.file)
+        entries = _policy.load_policy_file(args.file, origin=None)  # named as given
     for (role, phase), entry in sorted(entries.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
         own = " (detach = false: the model's own)" if entry.detach is False else ""
         if entry.ignore_index is not None:

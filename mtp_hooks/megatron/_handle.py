@@ -63,6 +63,7 @@ class AttachHandle:
         completed steps in your own loop where that difference matters.
 
         Example: ``{"train": {"run": 3, "detached": 3, "loss_scale": 0.3}, "eval": {"skip": 1}}``.
+        After :meth:`remove` the handle gates nothing, and this is ``{}``.
         """
         from ._phase_plan import COUNTED
 

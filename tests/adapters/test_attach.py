@@ -117,6 +117,8 @@ def test_stats_count_runs_and_skips_by_phase(build, batch):
         model(*batch.args(), labels=batch.labels)
         model(*batch.args(), labels=batch.labels)
     assert handle.stats() == {"rollout": {"skip": 2}, "train": {"run": 1}}
+    handle.remove()
+    assert handle.stats() == {}  # as its docstring says: a removed handle gates nothing
 
 
 def test_a_model_whose_mtp_was_turned_off_elsewhere_is_left_alone(build, batch, voter):

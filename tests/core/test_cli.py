@@ -120,6 +120,8 @@ def test_check_config_rejects_an_invalid_file_with_one_line(tmp_path):
     assert out.returncode == 2
     assert out.stderr.startswith("mtp-hooks: error:") and "'sometimes'" in out.stderr
     assert "Traceback" not in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    # the file came as an argument, not from the environment: named as given
+    assert f"file {str(path)!r}" in out.stderr and "MTP_HOOKS_CONFIG" not in out.stderr
 
 
 def test_an_unknown_phase_exits_non_zero_without_a_traceback():
