@@ -39,8 +39,9 @@ from verl.utils.megatron_utils import patch_engine_mtp  # noqa: E402
 from verl.workers.config import MtpConfig  # noqa: E402
 from verl.workers.engine.megatron.transformer_impl import MegatronEngineWithLMHead  # noqa: E402
 
-# The veRL 0.9.1 files these tests run, by sha256: a new veRL fails here first, so that the
-# findings in docs/integrations.md (with their file:line) are read again before it is trusted.
+# The veRL 0.9.1 files these tests and tests/plugins/test_verl_worker.py run, by sha256: a new
+# veRL fails here first, so that the findings in docs/integrations.md (with their file:line)
+# are read again before it is trusted.
 VERL_FILES = {
     "models/mcore/model_forward.py": (
         "1e0f9d6acc4916eee59a45c31511882117b5ae7c2a5da4333462a5aede80aae7"
@@ -51,6 +52,20 @@ VERL_FILES = {
         "02e59909dfb33b109e38dece65021b2445aafe2ec1031624481c2b5600fddfb7"
     ),
     "utils/megatron_utils.py": "4d2f479cb10ebcaf98235b1b4afbd8104c0a30654f7bff290768453421e58a3f",
+    # what tests/verl_worker.py runs besides: the worker, its engine base, the padding helpers,
+    # the default config, and the platform registry the CPU platform is registered in
+    "workers/engine_workers.py": "ff9a0ebd003e52a4c6d9c14d853df8d624dd6f5f514b456ca0ccc09510e31265",
+    "workers/engine/base.py": "c3d0f88e32f8fe044bf7c4d249dfc4cfcee66ccc89b9850d971798b1b20f6a92",
+    "workers/utils/padding.py": "4e29a4af7d6f7a2182cbd45536df5c3423745e925d0cd3bb151440dbfba8fbcc",
+    "trainer/config/_generated_ppo_megatron_trainer.yaml": (
+        "1be20fcd7e94d74daa6b8031c9f61876f28711228f0d27d1fc5b4ac103c62dcc"
+    ),
+    "plugin/platform/platform_base.py": (
+        "ca9e43fef5966fb14e30d24d8f645d81d79719ba76e73408259655ea07d9553b"
+    ),
+    "plugin/platform/platform_manager.py": (
+        "9791896de6917a76f218f5db780ea2208a9c3dd2adfae2aee1589573911dc956"
+    ),
 }
 
 CONFIGS = {
