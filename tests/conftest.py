@@ -38,6 +38,7 @@ LONG_FIRST = (
     "tests/adapters/test_sampled_figure_against_a_sampling_engine.py",
     "tests/adapters/test_benchmarks.py",
     "tests/adapters/test_compile.py",
+    "tests/plugins/test_verl_worker.py",
 )
 
 
