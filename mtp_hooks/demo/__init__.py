@@ -272,6 +272,13 @@ def run_demo(policy: str = DEFAULT_POLICY, models: str = "gpt,hybrid") -> int:
         with _quiet():
             rows += _rows_for(model, label, handle, (ids, pos, labels))
         handle.remove()
+    if not rows:  # every model asked for was skipped: no table to print
+        print(
+            f"mtp-hooks demo: none of the models asked for ({', '.join(wanted)}) could be built "
+            "here, so nothing ran; the lines above say why",
+            file=sys.stderr,
+        )
+        return 1
     where = "CUDA" if "nemotron" in wanted and torch.cuda.is_available() else "CPU"
     print(
         f"\nmtp-hooks demo: policy {policy!r}, megatron-core {version}, {PROJECT_NAME} on {where}\n"

@@ -104,6 +104,17 @@ def test_the_nemotron_demo_without_a_gpu_says_what_it_needs_and_runs_the_rest():
     assert ("GPTModel", "train") in rows(out.stdout)
 
 
+def test_a_demo_whose_every_model_is_skipped_prints_no_empty_table_and_fails():
+    import torch
+
+    if torch.cuda.is_available():
+        return  # on a GPU the Nemotron-3 hybrid is built
+    out = demo("--models", "nemotron")
+    assert out.returncode == 1
+    assert "skipping nemotron" in out.stderr and "nothing ran" in out.stderr
+    assert "model | phase" not in out.stdout
+
+
 def test_what_megatron_raises_in_a_row_is_printed_under_the_table_with_where_it_was_raised(build):
     import mtp_hooks
     from mtp_hooks import demo as demo_module
