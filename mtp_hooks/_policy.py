@@ -103,7 +103,8 @@ def _compact_value(raw: str, where: str, source: str) -> tuple[PolicyValue, dict
     An unknown value and each unknown option are errors of their own, each with its hint."""
     match = _GRAMMAR.fullmatch(raw.lower())
     if match is None:
-        raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
+        hint = " (items are separated by ',', not ';')" if ";" in raw else ""
+        raise PolicyError(f"{where} has value {raw!r}{hint}; allowed values are {allowed_values()}")
     table: dict[str, Any] = {}
     errors = Errors(source)
     named = VALUES.get(match["value"])

@@ -16,16 +16,23 @@ def did_you_mean(given: str, choices: Iterable[str]) -> str:
     """``" (did you mean 'skip'?)"`` for ``given="skp"``, or ``""`` when nothing is close.
 
     Matches case-insensitively (``"Train"`` suggests ``'train'``) and ignores surrounding
-    spaces; a choice is close when difflib's ratio is at least 0.6.
+    spaces; a choice is close when difflib's ratio is at least 0.6, or, failing that, when one
+    of the two begins with the other (``"evaluation"`` suggests ``'eval'``), for words of three
+    letters or more.
 
     >>> did_you_mean("trian", ["train", "eval", "rollout"])
     " (did you mean 'train'?)"
+    >>> did_you_mean("evaluation", ["train", "eval", "rollout"])
+    " (did you mean 'eval'?)"
     >>> did_you_mean("xyz", ["train", "eval"])
     ''
     """
     options = {c.lower(): c for c in choices}
-    close = difflib.get_close_matches(given.strip().lower(), list(options), n=1, cutoff=0.6)
-    return f" (did you mean {options[close[0]]!r}?)" if close else ""
+    word = given.strip().lower()
+    close = difflib.get_close_matches(word, list(options), n=1, cutoff=0.6)
+    if not close and len(word) >= 3:
+        close = [c for c in options if len(c) >= 3 and (c.startswith(word) or word.startswith(c))]
+    return f" (did you mean {options[close[0]]!r}?)" if len(close) == 1 else ""
 
 
 class Errors:

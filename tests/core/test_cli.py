@@ -211,6 +211,8 @@ def test_check_config_names_every_error_of_a_string_with_did_you_mean():
         ("train=run+detatch", "(did you mean '+detach'?)"),
         ("train=rnu", "(did you mean 'run'?)"),
         ("train=run+objective:kll+detach", "objective 'kll' (did you mean 'kl'?)"),
+        ("evaluation=skip", "'evaluation' (did you mean 'eval'?)"),
+        ("train=run;eval=skip", "(items are separated by ',', not ';')"),
     ],
 )
 def test_a_typo_in_a_policy_string_gets_the_nearest_spelling(policy, hint):
