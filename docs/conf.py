@@ -18,6 +18,8 @@ napoleon_numpy_docstring = False
 napoleon_use_ivar = True  # "Attributes:" sections as fields, not as duplicate attribute entries
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
+# Signatures name documented types as users import them (Phase, not mtp_hooks._phases.Phase).
+python_use_unqualified_type_names = True
 html_theme = "alabaster"
 html_theme_options = {"fixed_sidebar": True}
 # docs/benchmarks/ holds raw results (JSON, logs, plots) that the pages link to, not pages.

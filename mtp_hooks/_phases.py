@@ -19,8 +19,11 @@ class Phase(str, enum.Enum):
     """The built-in phases. Members compare equal to their string values."""
 
     TRAIN = "train"
+    """The update (a forward in ``train()`` mode with grad enabled)."""
     EVAL = "eval"
+    """Log-probs, evaluation and a teacher (any other forward outside a ``phase()`` block)."""
     ROLLOUT = "rollout"
+    """Named by the caller alone, inside ``with mtp_hooks.phase("rollout")``."""
 
     def __str__(self) -> str:
         return self.value
