@@ -9,7 +9,8 @@ import argparse
 import dataclasses
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from . import _explain, _policy, _policy_entry, _roles, plugins
 from ._errors import MTPHooksError, PolicyError
@@ -49,17 +50,53 @@ def _cmd_explain(args: argparse.Namespace) -> int:
 
 
 def _cmd_check_config(args: argparse.Namespace) -> int:
-    if (args.file is None) == (args.policy is None):
+    if args.file is not None and args.policy is not None:
         raise PolicyError(
             "check-config takes a TOML file or --policy STRING (the compact grammar of "
             "configure() and MTP_HOOKS_POLICY), one of the two"
         )
+    checks: list[tuple[str, Callable[[], dict[Any, Any]]]]
     if args.policy is not None:
-        what = f"policy {args.policy!r}"
-        entries = _policy.parse_policy(args.policy, "--policy")
-    else:
-        what = args.file
-        entries = _policy.load_policy_file(args.file, origin=None)  # named as given
+        checks = [
+            (f"policy {args.policy!r}", lambda: _policy.parse_policy(args.policy, "--policy"))
+        ]
+    elif args.file is not None:
+        # named as given: the file did not come from MTP_HOOKS_CONFIG
+        checks = [(args.file, lambda: _policy.load_policy_file(args.file, origin=None))]
+    else:  # what a job started from this shell would run with
+        checks = _environment_checks()
+    for what, parse in checks:
+        entries = parse()
+        _print_entries(entries)
+        print(f"{what}: valid ({len(entries)} {'entry' if len(entries) == 1 else 'entries'})")
+    return 0
+
+
+def _environment_checks() -> list[tuple[str, Callable[[], dict[Any, Any]]]]:
+    """The policy sources the environment sets, each as the job would read it."""
+    import os
+
+    from ._sources import ENV_POLICY
+
+    checks: list[tuple[str, Callable[[], dict[Any, Any]]]] = []
+    policy = os.environ.get(ENV_POLICY)
+    if policy:
+        source = f"{ENV_POLICY}={policy!r}"
+        checks.append((source, lambda: _policy.parse_policy(policy, source)))
+    path = os.environ.get(_policy.ENV_CONFIG)
+    if path:
+        checks.append(
+            (f"{_policy.ENV_CONFIG} file {path!r}", lambda: _policy.load_policy_file(path))
+        )
+    if not checks:
+        raise PolicyError(
+            "check-config: nothing to check; give a TOML file or --policy STRING, or set "
+            f"{ENV_POLICY} or {_policy.ENV_CONFIG} (with neither argument it checks those)"
+        )
+    return checks
+
+
+def _print_entries(entries: dict[Any, Any]) -> None:
     for (role, phase), entry in sorted(entries.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
         own = " (detach = false: the model's own)" if entry.detach is False else ""
         if entry.ignore_index is not None:
@@ -69,8 +106,6 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         if entry.temperature is not None:
             own += f" (temperature = {entry.temperature!r})"
         print(f"{role + '.' if role else ''}{phase} = {_policy_entry.spell(entry)}{own}")
-    print(f"{what}: valid ({len(entries)} {'entry' if len(entries) == 1 else 'entries'})")
-    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -117,7 +152,11 @@ def _parser() -> argparse.ArgumentParser:
         "'train=run,eval=skip'",
     )
     p.set_defaults(func=_cmd_explain)
-    p = sub.add_parser("check-config", help="validate a TOML policy file or a policy string")
+    p = sub.add_parser(
+        "check-config",
+        help="validate a TOML policy file or a policy string; with neither, what "
+        "MTP_HOOKS_POLICY and MTP_HOOKS_CONFIG set",
+    )
     p.add_argument("file", nargs="?", help="a TOML file with a [policy] table")
     p.add_argument("--policy", help="a compact policy string, e.g. 'train=run,eval=skip'")
     p.set_defaults(func=_cmd_check_config)

@@ -171,9 +171,26 @@ def test_check_config_checks_a_policy_string_as_configure_does(policy, valid):
 
 
 def test_check_config_wants_a_file_or_a_policy_string_not_both():
-    for argv in (["check-config"], ["check-config", "x.toml", "--policy", "train=run"]):
-        out = cli(*argv)
-        assert out.returncode == 2 and "one of the two" in out.stderr
+    out = cli("check-config", "x.toml", "--policy", "train=run")
+    assert out.returncode == 2 and "one of the two" in out.stderr
+
+
+def test_check_config_with_neither_checks_what_the_environment_sets(tmp_path):
+    path = tmp_path / "job.toml"
+    path.write_text('[policy]\neval = "skip"\n')
+    out = cli("check-config", env={"MTP_HOOKS_POLICY": "train=run", "MTP_HOOKS_CONFIG": str(path)})
+    assert out.returncode == 0, out.stderr
+    assert "MTP_HOOKS_POLICY='train=run': valid (1 entry)" in out.stdout
+    assert f"MTP_HOOKS_CONFIG file {str(path)!r}: valid (1 entry)" in out.stdout
+    bad = cli("check-config", env={"MTP_HOOKS_POLICY": "train=skp"})
+    assert bad.returncode == 2 and "MTP_HOOKS_POLICY='train=skp'" in bad.stderr
+    assert "(did you mean 'skip'?)" in bad.stderr
+
+
+def test_check_config_with_nothing_to_check_says_what_it_checks():
+    out = cli("check-config")
+    assert out.returncode == 2
+    assert "nothing to check" in out.stderr and "MTP_HOOKS_POLICY" in out.stderr
 
 
 def test_version_prints_the_installed_version():
