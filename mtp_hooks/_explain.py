@@ -12,6 +12,7 @@ from . import _phase_catalogue, _phases, _roles, _sources
 from ._decision import decide
 from ._errors import PolicyConflictError
 from ._plugin_registry import registry as _registry
+from ._policy_errors import did_you_mean
 
 
 def explain(model: Any, phase: _phases.Phase | str) -> str:
@@ -28,6 +29,12 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
         lines.append(f"config: {entry.value} (from {entry.source})")
     else:
         lines.append("config: not set for this phase")
+    roles = _sources.configured_roles()
+    if role is not None and roles and role not in roles:  # a typo reads as the default
+        lines.append(
+            f"note: the policy names no entry for role {role!r}"
+            f"{did_you_mean(role, roles)}; it names roles {', '.join(roles)}"
+        )
     votes = dict(sorted(_registry().votes(model, canonical)))
     for name, vote in votes.items():
         lines.append(f"plugin {name}: {'abstain' if vote is None else 'run' if vote else 'skip'}")

@@ -89,8 +89,9 @@ def _table_value(
     mtp = raw.get("mtp")
     if not isinstance(mtp, str) or mtp.strip().lower() not in VALUES:
         rest = listed([repr(k) for k in keys[1:]])
+        hint = f"; 'mtp' = {mtp!r}{did_you_mean(mtp, VALUES)}" if isinstance(mtp, str) else ""
         raise PolicyError(
-            f"{where} has the table {dict(raw)!r}; a table takes 'mtp' (required: "
+            f"{where} has the table {dict(raw)!r}{hint}; a table takes 'mtp' (required: "
             f"'run', 'skip' or 'auto', with no weight or option in it), {rest}, e.g. "
             '{mtp = "run", loss_scale = 0.3, metrics = true, detach = true, mask = "labels"}'
         )

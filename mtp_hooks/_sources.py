@@ -240,6 +240,11 @@ def lookup(role: str | None, phase: str) -> PolicyEntry | None:
     return _state().lookup(role, phase)
 
 
+def configured_roles() -> list[str]:
+    """The roles the policy in force names in its entries, sorted."""
+    return sorted({role for role, _ in _state().current() if role is not None})
+
+
 def configured_with(role: str | None, option: str) -> list[str]:
     """The phases whose policy config entry for ``role`` sets ``option`` (``metrics``,
     ``detach``): what a model that cannot follow the option refuses at attach."""

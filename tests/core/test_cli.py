@@ -237,6 +237,36 @@ def test_a_typo_in_a_policy_string_gets_the_nearest_spelling(policy, hint):
     assert out.returncode == 2 and hint in out.stderr, out.stderr
 
 
+def test_explain_of_a_role_the_policy_does_not_name_says_so_with_the_nearest_one():
+    out = cli(
+        "explain",
+        "--role",
+        "teachr",
+        "--phase",
+        "train",
+        env={"MTP_HOOKS_POLICY": "teacher.train=skip"},
+    )
+    assert out.returncode == 0, out.stderr
+    assert "no entry for role 'teachr' (did you mean 'teacher'?)" in out.stdout
+    assert out.stdout.strip().endswith("result: run (decided by default)")
+    named = cli(
+        "explain",
+        "--role",
+        "teacher",
+        "--phase",
+        "train",
+        env={"MTP_HOOKS_POLICY": "teacher.train=skip"},
+    )
+    assert "note:" not in named.stdout and "result: skip" in named.stdout
+
+
+def test_a_typo_in_a_toml_tables_mtp_value_gets_the_nearest_spelling(tmp_path):
+    path = tmp_path / "typo.toml"
+    path.write_text('[policy]\neval = { mtp = "skp" }\n')
+    out = cli("check-config", str(path))
+    assert out.returncode == 2 and "'mtp' = 'skp' (did you mean 'skip'?)" in out.stderr
+
+
 def test_check_config_names_an_unknown_toml_key_and_every_other_error(tmp_path):
     path = tmp_path / "typos.toml"
     path.write_text('[policy]\ntrain = {mtp = "run", detatch = true}\neval = "skp"\n')
