@@ -207,6 +207,17 @@ def _from_item(
             with errors:  # a malformed role hides no other role's errors
                 _from_role(entries, role, table, source, errors)
         return
+    if (
+        isinstance(raw_key, str)
+        and isinstance(raw_value, Mapping)
+        and did_you_mean(raw_key, ["roles"])
+        and all(isinstance(v, Mapping) for v in raw_value.values())
+    ):  # a table of tables under a near miss of 'roles': [policy.role.teacher]
+        raise PolicyError(
+            f"{source}: key {raw_key!r} (did you mean 'roles'?) holds tables like a roles "
+            "table; a role's entries go under 'roles', e.g. [policy.roles.teacher]",
+            option=raw_key,
+        )
     key = _key(raw_key, source)
     _add(entries, key, raw_key, raw_value, source)
 

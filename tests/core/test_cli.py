@@ -260,6 +260,14 @@ def test_explain_of_a_role_the_policy_does_not_name_says_so_with_the_nearest_one
     assert "note:" not in named.stdout and "result: skip" in named.stdout
 
 
+def test_a_roles_table_spelt_role_points_to_roles(tmp_path):
+    path = tmp_path / "role.toml"
+    path.write_text('[policy]\ntrain = "run"\n[policy.role.teacher]\ntrain = "skip"\n')
+    out = cli("check-config", str(path))
+    assert out.returncode == 2 and "key 'role' (did you mean 'roles'?)" in out.stderr
+    assert "[policy.roles.teacher]" in out.stderr and "unknown phase" not in out.stderr
+
+
 def test_a_typo_in_a_toml_tables_mtp_value_gets_the_nearest_spelling(tmp_path):
     path = tmp_path / "typo.toml"
     path.write_text('[policy]\neval = { mtp = "skp" }\n')
