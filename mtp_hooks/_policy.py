@@ -192,6 +192,24 @@ def _from_mapping(policy: Mapping[str, Any], source: str) -> dict[Key, PolicyEnt
     return entries
 
 
+def _key_and_value(
+    entries: dict[Key, PolicyEntry], raw_key: Any, raw_value: object, source: str
+) -> None:
+    """One ``PHASE`` or ``ROLE.PHASE`` key and its value into ``entries``, each checked on its
+    own: a bad key hides no error of its value (``trian=skp`` names both)."""
+    errors = Errors(source)
+    key: Key | None = None
+    with errors:
+        key = _key(raw_key, source)
+    named = raw_key.strip() if isinstance(raw_key, str) else repr(raw_key)
+    with errors:
+        if key is None:
+            _value(raw_value, source, named)
+        else:
+            _add(entries, key, named, raw_value, source)
+    errors.raise_any()
+
+
 def _from_item(
     entries: dict[Key, PolicyEntry], raw_key: Any, raw_value: Any, source: str, errors: Errors
 ) -> None:
@@ -218,8 +236,7 @@ def _from_item(
             "table; a role's entries go under 'roles', e.g. [policy.roles.teacher]",
             option=raw_key,
         )
-    key = _key(raw_key, source)
-    _add(entries, key, raw_key, raw_value, source)
+    _key_and_value(entries, raw_key, raw_value, source)
 
 
 def _from_role(
@@ -234,10 +251,8 @@ def _from_role(
             f"got {type(table).__name__}"
         )
     for phase_name, value in table.items():
-        dotted = f"{role}.{phase_name}"
         with errors:
-            key = _key(dotted, source)
-            _add(entries, key, dotted, value, source)
+            _key_and_value(entries, f"{role}.{phase_name}", value, source)
 
 
 def parse_policy(policy: str | Mapping[str, Any], source: str = "policy") -> dict[Key, PolicyEntry]:
@@ -295,17 +310,7 @@ def _from_compact_item(
             f"{source}: item {item.strip()!r} has no '='; write PHASE=VALUE or "
             "ROLE.PHASE=VALUE with VALUE one of 'run', 'skip', 'auto'"
         )
-    errors = Errors(source)
-    key: Key | None = None
-    with errors:  # a bad key hides no error of the value
-        key = _key(raw_key, source)
-    if key is None:
-        with errors:
-            _value(raw_value, source, raw_key.strip())
-    else:
-        with errors:
-            _add(entries, key, raw_key.strip(), raw_value, source)
-    errors.raise_any()
+    _key_and_value(entries, raw_key, raw_value, source)
 
 
 # -- a TOML file ------------------------------------------------------------------------------

@@ -260,6 +260,18 @@ def test_explain_of_a_role_the_policy_does_not_name_says_so_with_the_nearest_one
     assert "note:" not in named.stdout and "result: skip" in named.stdout
 
 
+@pytest.mark.parametrize(
+    "policy", [{"trian": "skp"}, {"roles": {"teacher": {"trian": "skp"}}}, "trian=skp"]
+)
+def test_a_bad_key_hides_no_error_of_its_value_in_any_spelling_of_a_policy(policy):
+    with pytest.raises(mtp_hooks.PolicyError) as info:
+        mtp_hooks.configure(policy)
+    assert [e.option for e in info.value.errors] == [None, "skp"]
+    assert "(did you mean 'train'?)" in str(info.value) and "(did you mean 'skip'?)" in str(
+        info.value
+    )
+
+
 def test_a_roles_table_spelt_role_points_to_roles(tmp_path):
     path = tmp_path / "role.toml"
     path.write_text('[policy]\ntrain = "run"\n[policy.role.teacher]\ntrain = "skip"\n')
