@@ -1,33 +1,29 @@
 #!/usr/bin/env bash
-# The CPU side of staging: download what the GPU machine lacks, archive the pinned Megatron-LM
-# trees, and split it all into parts that each fit one device call (64 MiB with the work tree).
-#   bundle.sh MIRROR OUTDIR      MIRROR: a bare clone of NVIDIA/Megatron-LM (search's `fetch`)
-# Then, on the GPU machine, each part is copied to /tmp/stage, with SHA256 beside the last, and
-# `run.sh stage` joins, checks and installs them. The versions are the ones that installed and
-# imported together on the H200 (torch 2.11, CUDA 13, its protobuf 7): openai 3.x wants httpx2,
-# wandb 0.31 and fastapi 0.165 want opentelemetry, and wandb 0.21 wants protobuf < 7.
+# The CPU side of staging: what the GPU machine lacks for Megatron-LM's GRPO loop on a GPT or a
+# Nemotron-3-shaped hybrid, and the pinned Megatron-LM trees, split into parts that each fit
+# one device call (64 MiB with the work tree).
+#   bundle.sh MIRROR OUTDIR [NEMOTRON_DIR]
+# MIRROR: a bare clone of NVIDIA/Megatron-LM (search's `fetch`). NEMOTRON_DIR: the output of
+# benchmarks/nemotron/bundle.sh, made before; without it that script runs first, into
+# OUTDIR/nemotron (about 10 minutes: it builds causal-conv1d).
+# One bundle serves both benchmarks: Transformer Engine, FlashAttention 4, mamba-ssm and
+# causal-conv1d come from the Nemotron bundle (same pins); this adds the RL loop's packages
+# and the trees. On the GPU machine each part is copied to /tmp/stage, with SHA256 beside the
+# last, and `run.sh stage` joins, checks and installs them. The RL versions are the ones that
+# installed and imported together on the H200 (torch 2.11, CUDA 13, its protobuf 7): openai
+# 3.x wants httpx2, wandb 0.31 and fastapi 0.165 want opentelemetry, and wandb 0.21 wants
+# protobuf < 7.
 set -euo pipefail
-MIRROR="$1"; OUT="$2"
+MIRROR="$1"; OUT="$(mkdir -p "$2" && cd "$2" && pwd)"
 HERE="$(cd "$(dirname "$0")" && pwd)"
-DL="$OUT/dl"; mkdir -p "$DL/te" "$DL/fa" "$DL/rl"
+NEMOTRON="${3:-$OUT/nemotron}"
+[ -d "$NEMOTRON/dl/mamba" ] || bash "$HERE/../nemotron/bundle.sh" "$NEMOTRON"
+DL="$OUT/dl"; rm -rf "$DL"; mkdir -p "$DL/rl"
+# megatron-core's wheel stays behind: the pinned tree brings its own megatron.core
+cp -r "$NEMOTRON/dl/te" "$NEMOTRON/dl/fa" "$NEMOTRON/dl/mamba" "$DL/"
 P="--no-deps --only-binary=:all: --python-version 3.12 --implementation cp"
 for n in 17 24 26 27 28 34 35; do P="$P --platform manylinux_2_${n}_x86_64"; done
 P="$P --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
-# shellcheck disable=SC2086
-python3 -m pip download -q $P -d "$DL/te" transformer-engine-cu13==2.20.2 \
-    transformer-engine==2.20.2 nvdlfw-inspect==0.2.2 nvidia-cudnn-frontend==1.32.0 \
-    pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
-# TE's torch extension is an sdist whose download builds metadata: it needs torch, setuptools
-# >= 77, wheel and pybind11 importable. TORCH_SITE: a site-packages that has them (the mcore019
-# nox environment's, with a pip venv that has setuptools, wheel and pybind11 as PYTHON).
-PYTHONPATH="${TORCH_SITE:-}" "${PYTHON:-python3}" -m pip download -q --no-deps \
-    --no-build-isolation --no-binary=transformer-engine-torch -d "$DL/te" \
-    transformer-engine-torch==2.20.2
-# shellcheck disable=SC2086
-python3 -m pip download -q $P -d "$DL/fa" flash-attn-4==4.0.0b36 nvidia-cutlass-dsl==4.8.1 \
-    nvidia-cutlass-dsl-libs-base==4.8.1 nvidia-cutlass-dsl-libs-core==4.8.1 \
-    nvidia-cutlass-dsl-libs-cu13==4.8.1 quack-kernels==0.6.5 apache-tvm-ffi==0.1.15.post2 \
-    torch-c-dlpack-ext==0.1.5
 # shellcheck disable=SC2086
 python3 -m pip download -q $P -d "$DL/rl" pyzmq==27.3.0 quart==0.22.0 hypercorn==0.18.0 \
     openai==2.54.0 httpx-aiohttp==0.2.0 fastapi==0.116.1 starlette==0.47.3 uvicorn==0.55.0 \
@@ -50,7 +46,7 @@ for tree in pins["trees"]:
 PY
 tar -cf "$OUT/bundle.tar" -C "$DL" .
 rm -rf "$OUT/parts" && mkdir -p "$OUT/parts"
-# 52 MiB a part leaves 12 MiB of a call for the work tree, which grows with its records.
-split -b 52M -d "$OUT/bundle.tar" "$OUT/parts/p"
+# 54 MiB a part leaves 10 MiB of a call for the work tree (about 9 MiB, growing with records).
+split -b 54M -d "$OUT/bundle.tar" "$OUT/parts/p"
 sha256sum "$OUT/bundle.tar" | cut -d' ' -f1 > "$OUT/parts/SHA256"
 ls -l "$OUT/parts"

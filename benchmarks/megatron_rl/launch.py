@@ -9,7 +9,8 @@ What it does, and why each step is needed:
 1. **Checks DIR against the pins** (:mod:`pin`, ``megatron_lm.json``) and refuses any other
    tree: Megatron-LM's files must be those of the pinned commit, byte for byte.
 2. **Puts DIR first on** ``sys.path``, so its ``megatron`` package (core, training, rl) runs,
-   and this folder, so megatron can import the agent.
+   and this folder, so megatron can import the agent. Refuses, before step 1, a setting that
+   megatron's engine is known to stop on later (:func:`refuse_drafting_past_the_rotary_table`).
 3. **Adds the agent to megatron's allowlist** (``megatron.rl.agent.registry.AGENT_REGISTRY``):
    an environment config may only name listed agents, and the benchmark's task ships with no
    Megatron-LM release. One dict entry; no megatron function is replaced.
@@ -19,7 +20,8 @@ What it does, and why each step is needed:
    gradient clip as the model is built: ``+detach`` needs it, and ``train_rl.py`` builds the
    optimizer before any code of ours could call ``clip_mtp_apart``) and the arm's policy.
    H and A add a plugin whose ``mtp_loss_mask`` keeps MTP's loss on the response (the tokens
-   after the prompt's ``=``, up to the end token); A adds an
+   after the prompt's ``=``, up to the end token, in each trajectory of a row, packed rows
+   too); A adds an
    :class:`~mtp_hooks.framework.AcceptanceController` that the recorder feeds with the engine's
    own counters of each step's rollouts, before that step's policy update.
 6. **Runs** ``train_rl.py`` as ``__main__`` (``runpy``), the way ``python train_rl.py`` would.
@@ -81,41 +83,70 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return parser.parse_args(argv[:split]), argv[split + 1 :]
 
 
-def response_mask(input_ids: Any, separator: int, end: int) -> Any:
-    """1 where a label is a response token: from the first separator's position to the one
-    before the next end token (the label at position t is token t + 1). One sequence per row:
-    a policy may write the separator in its own response, so only the first one ends the
-    prompt, and packed rows are refused at start (:func:`refuse_packing`), not read here."""
+def response_mask(input_ids: Any, separator: int, end: int, starts: tuple[int, ...] = ()) -> Any:
+    """1 where a label is a response token: in each trajectory of a row, from its first
+    separator's position to the one before the next end token (the label at position t is
+    token t + 1).
+
+    A row holds one trajectory, or several back to back where megatron packs sequences
+    (``--rl-use-sequence-packing``). A trajectory begins at the row's start and at each token
+    in ``starts`` (the tokenizer's begin token and the task's command word); a separator that
+    the policy writes inside its own response therefore stays in the response, since only the
+    first one of a trajectory ends its prompt."""
     import torch
 
-    length = input_ids.shape[-1]
-    where = torch.arange(length, device=input_ids.device)
-    is_separator = input_ids == separator
-    first = torch.where(
-        is_separator.any(-1), is_separator.int().argmax(-1), torch.full_like(where[:1], length)
-    )
-    is_end = (input_ids == end) & (where[None] > first[:, None])
-    stop = torch.where(is_end.any(-1), is_end.int().argmax(-1), torch.full_like(where[:1], length))
-    return (where[None] >= first[:, None]) & (where[None] < stop[:, None])
+    rows, length = input_ids.shape
+    where = torch.arange(length, device=input_ids.device).expand(rows, length)
+    begins = torch.zeros_like(input_ids, dtype=torch.bool)
+    for token in starts:
+        begins |= input_ids == token
+    # a begin token right after another (the begin token, then the command) starts nothing new
+    begins[:, 1:] &= ~begins[:, :-1]
+    begins[:, 0] = True
+    row_offset = length * torch.arange(rows, device=where.device)[:, None]
+    segment = begins.long().cumsum(-1) - 1 + row_offset  # one id per trajectory, over all rows
+    flat, positions = segment.flatten(), where.flatten()
+    never = torch.full((rows * length,), length, dtype=torch.long, device=where.device)
+
+    def first(hit: Any) -> Any:
+        # each position gets the first position of its own trajectory where ``hit`` holds
+        candidates = torch.where(hit.flatten(), positions, length)
+        return never.scatter_reduce(0, flat, candidates, "amin")[flat].view(rows, length)
+
+    first_separator = first(input_ids == separator)
+    stop = first((input_ids == end) & (where > first_separator))
+    return (where >= first_separator) & (where < stop)
 
 
-def refuse_packing(train_rl_args: list[str]) -> None:
-    """The response mask reads one sequence per row, so packed rows must never reach it."""
-    if "--rl-use-sequence-packing" in train_rl_args:
+def refuse_drafting_past_the_rotary_table(train_rl_args: list[str]) -> None:
+    """Refuses, before step 1, what stops a run in megatron-core's engine (0.19.0) later on.
+
+    With rotary positions and ``--num-speculative-tokens K`` above 0, a request that grows to
+    within ``K`` tokens of ``--inference-max-seq-length`` (one that never samples its end
+    token, or whose end token came as an accepted draft, which ends no request) still feeds
+    ``K`` draft positions past that length. The engine's rotary table has that many rows, and
+    indexing it past its end is a device-side assert that ends the process. No length flag
+    avoids it: a longer limit only moves it. Nemotron 3 uses no rotary positions at all."""
+    k = int(option(train_rl_args, "--num-speculative-tokens") or 0)
+    positions = option(train_rl_args, "--position-embedding-type")
+    if k > 0 and positions in ("rope", "yarn", "mrope"):
         raise SystemExit(
-            "launch.py: arms H and A mask MTP's loss to the response of one sequence per row, "
-            "and --rl-use-sequence-packing puts several in a row; drop that option, or run "
-            "the arm with --no-mask"
+            f"launch.py: --num-speculative-tokens {k} with --position-embedding-type {positions}"
+            " stops the run with a device-side assert once a rollout drafts past "
+            "--inference-max-seq-length (megatron-core's engine indexes its rotary table past "
+            "its end there); use --position-embedding-type none, as Nemotron 3 does, or "
+            "--num-speculative-tokens 0"
         )
 
 
-def token_ids(tokenizer_dir: str) -> tuple[int, int]:
-    """The separator's and the end token's ids in the run's tokenizer."""
-    from task import EOS, SEPARATOR
+def token_ids(tokenizer_dir: str) -> tuple[int, int, tuple[int, int]]:
+    """The separator's and the end token's ids in the run's tokenizer, and the ids that begin
+    a trajectory (the begin token and the command word)."""
+    from task import BOS, COMMAND, EOS, SEPARATOR
 
     with open(os.path.join(tokenizer_dir, "tokenizer.json")) as f:
         vocab = json.load(f)["model"]["vocab"]
-    return vocab[SEPARATOR], vocab[EOS]
+    return vocab[SEPARATOR], vocab[EOS], (vocab[BOS], vocab[COMMAND])
 
 
 def option(args: list[str], name: str) -> str | None:
@@ -134,15 +165,16 @@ def set_up_mtp_hooks(own: argparse.Namespace, train_rl_args: list[str]) -> dict[
         "trained_mtp": lambda model: mtp_hooks.decide(model, "train").run,
     }
     if own.arm in MASKED and not own.no_mask:
-        refuse_packing(train_rl_args)
-        separator, end = token_ids(option(train_rl_args, "--tokenizer-model") or "")
+        separator, end, starts = token_ids(option(train_rl_args, "--tokenizer-model") or "")
 
         class ResponseOnly:
             @hookimpl
             def mtp_loss_mask(
                 self, model: Any, phase: Any, loss_mask: Any, labels: Any, input_ids: Any
             ) -> Any:
-                return None if input_ids is None else response_mask(input_ids, separator, end)
+                if input_ids is None:
+                    return None
+                return response_mask(input_ids, separator, end, starts)
 
         register(ResponseOnly(), name="response-only")
     if own.arm == "A":
@@ -166,6 +198,7 @@ def main(argv: list[str]) -> None:
     own, train_rl_args = parse(argv)
     tree = os.path.abspath(own.megatron_lm)
     pinned = pin.check(tree)  # 1
+    refuse_drafting_past_the_rotary_table(train_rl_args)
     sys.path.insert(0, tree)  # 2
     from megatron.rl.agent import registry
 

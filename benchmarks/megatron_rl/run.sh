@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The megatron_rl benchmark on one GPU machine without a network; every stage writes under $OUT.
 #   run.sh stage                  parts in /tmp/stage (made by bundle.sh) -> wheels in /tmp/site,
-#                                 TE built, the pinned Megatron-LM trees in /tmp/mlm/<name>
+#                                 TE built, the pinned Megatron-LM trees in /tmp/mlm/<name>,
+#                                 mamba-ssm and causal-conv1d where the bundle has them
 #   run.sh pretrain [ITERS]       the tokenizer, the corpus and the pretrained checkpoint
 #   run.sh arm NAME ARM K STEPS [launch.py options]   one GRPO run of train_rl.py (see launch.py)
 #   run.sh isolated NAME ARM K STEPS [...]   the same, in its own network, host-name and process
@@ -14,7 +15,9 @@
 #                                 the background with OUT=$RESULTS (/tmp/res), then pack it
 #                                 into $OUT/results.tgz
 # Environment: TREE (a pinned tree's name, default core_v0.19.0: main's engine asserted with
-# k=2, see docs/benchmarks.md), SEED (1), OUT.
+# k=2, see docs/benchmarks.md), SEED (1), OUT; MODEL (gpt, the 12-layer GPT of the earlier
+# sessions, or hybrid, the Nemotron-3-shaped model of model_args), MTP_LAYERS (2), PACK (0; 1:
+# arms pack their sequences into rows of PACK_LENGTH tokens, 2048).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -27,6 +30,9 @@ site_env() {
     export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$REPO"
     export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
     export CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONUNBUFFERED=1 NO_PROXY='*' no_proxy='*'
+    # Mamba-2's Triton kernels autotune in every new process (about a minute cold); Triton
+    # keeps what it found on disk with this set, so later arms start sooner
+    export TRITON_CACHE_AUTOTUNING=1
     unset http_proxy https_proxy HTTP_PROXY HTTPS_PROXY
 }
 
@@ -35,8 +41,14 @@ stage() {
     [ "$(sha256sum /tmp/bundle.tar | cut -d' ' -f1)" = "$(cat /tmp/stage/SHA256)" ] \
         || { say "bundle sha256 mismatch"; return 1; }
     rm -rf /tmp/b && mkdir -p /tmp/b /tmp/mlm && tar -xf /tmp/bundle.tar -C /tmp/b && rm /tmp/bundle.tar
+    # megatron-core comes from the pinned tree, so a wheel of it in the bundle stays out
+    shopt -s nullglob
     python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-        /tmp/b/te/*.whl /tmp/b/fa/*.whl /tmp/b/rl/*.whl 2>&1 | tail -3 | tee -a "$LOG"
+        /tmp/b/te/*.whl /tmp/b/fa/*.whl /tmp/b/rl/*.whl /tmp/b/mamba/*.whl 2>&1 | tail -3 | tee -a "$LOG"
+    shopt -u nullglob
+    # mamba-ssm's package init imports its CUDA selective-scan extension, which its Triton-only
+    # wheel lacks and megatron never calls: keep only its version there.
+    [ -d /tmp/site/mamba_ssm ] && echo '__version__ = "2.3.2.post1"' > /tmp/site/mamba_ssm/__init__.py
     (cd /tmp/b && tar -xzf te/transformer_engine_torch-*.tar.gz && cd transformer_engine_torch-* \
         && PYTHONPATH=/tmp/site NVTE_PYTORCH_FORCE_BUILD=TRUE NVTE_WITH_NCCL_EP=0 MAX_JOBS=16 \
            python3 -m pip wheel -q --no-deps --no-build-isolation --no-index -w /tmp/b/tew . \
@@ -50,13 +62,36 @@ stage() {
     python3 -c "import transformer_engine.pytorch, flash_attn.cute, zmq, quart, openai, wandb; print('imports ok')" 2>&1 | tail -2 | tee -a "$LOG"
 }
 
+# The model, into the array MODEL_ARGS (an array: the hybrid pattern's '*' must not glob).
+#   gpt: 12 layers, hidden 1024, rotary positions (the sessions before the hybrid's).
+#   hybrid: Nemotron 3's layer kinds, 1.6B parameters: the pattern MEMEM*EMEMEM*E (Mamba-2,
+#     MoE of 16 experts top-4, attention) with one *E layer pair per MTP depth, hidden 2048,
+#     no positional embedding (as Nemotron 3), and the task's 206-token vocabulary padded to
+#     Nemotron 3's 131072, so that the output layer costs what it costs there.
 model_args() {
-    echo --num-layers 12 --hidden-size 1024 --num-attention-heads 16 --ffn-hidden-size 4096 \
-        --seq-length 128 --max-position-embeddings 128 --position-embedding-type rope \
-        --mtp-num-layers "${MTP_LAYERS:-2}" --transformer-impl transformer_engine --bf16 \
-        --attention-backend auto --no-gradient-accumulation-fusion \
-        --attention-dropout 0 --hidden-dropout 0 \
-        --tokenizer-type HuggingFaceTokenizer --tokenizer-model /tmp/tok --seed "$SEED"
+    local seq="${1:-128}" depth pattern="MEMEM*EMEMEM*E"
+    if [ "${MODEL:-gpt}" = hybrid ]; then
+        for ((depth = 0; depth < ${MTP_LAYERS:-2}; depth++)); do pattern+="/*E"; done
+        MODEL_ARGS=(--hybrid-layer-pattern "$pattern"
+            --spec megatron.core.models.hybrid.hybrid_layer_specs hybrid_stack_spec
+            --hidden-size 2048 --num-attention-heads 16 --kv-channels 128
+            --group-query-attention --num-query-groups 2
+            --ffn-hidden-size 1024 --moe-ffn-hidden-size 1024 --swiglu
+            --num-experts 16 --moe-router-topk 4 --moe-grouped-gemm
+            --moe-token-dispatcher-type alltoall --moe-router-load-balancing-type aux_loss
+            --moe-aux-loss-coeff 1e-2 --position-embedding-type none --normalization RMSNorm
+            --disable-bias-linear --untie-embeddings-and-output-weights
+            --make-vocab-size-divisible-by 131072)
+    else
+        MODEL_ARGS=(--num-layers 12 --hidden-size 1024 --num-attention-heads 16
+            --ffn-hidden-size 4096 --position-embedding-type rope
+            --mtp-num-layers "${MTP_LAYERS:-2}")
+    fi
+    MODEL_ARGS+=(--seq-length "$seq" --max-position-embeddings "$seq"
+        --transformer-impl transformer_engine --bf16
+        --attention-backend auto --no-gradient-accumulation-fusion
+        --attention-dropout 0 --hidden-dropout 0
+        --tokenizer-type HuggingFaceTokenizer --tokenizer-model /tmp/tok --seed "$SEED")
 }
 
 pretrain() {
@@ -66,13 +101,22 @@ pretrain() {
     mkdir -p /tmp/corpus
     (cd "$HERE" && PYTHONPATH="/tmp/mlm/$TREE:$PYTHONPATH" python3 corpus.py /tmp/tok /tmp/corpus/c \
         --documents 60000 --seed "$SEED") 2>&1 | tail -1 | tee -a "$LOG"
-    say "pretrain $iters iterations"
-    (cd "/tmp/mlm/$TREE" && timeout -k 10 420 torchrun --nproc-per-node 1 --master-port 29400 \
-        pretrain_gpt.py $(model_args) --micro-batch-size 64 --global-batch-size 64 \
-        --train-iters "$iters" --lr 5e-4 --min-lr 5e-5 --lr-decay-style cosine \
-        --lr-warmup-iters 40 --weight-decay 0.01 --clip-grad 1.0 \
+    model_args 128
+    local script=pretrain_gpt.py lr=5e-4 more=(--log-interval 50)
+    # the hybrid: a lower peak rate for its 1.6B parameters, the weights alone saved (the arms
+    # load no optimizer state), and a time limit that saves and ends the run where it is
+    if [ "${MODEL:-gpt}" = hybrid ]; then
+        script=pretrain_hybrid.py lr=3e-4
+        more=(--no-save-optim --no-save-rng --exit-duration-in-mins "${PRETRAIN_MINUTES:-5}"
+            --log-interval 25)
+    fi
+    say "pretrain $script $iters iterations"
+    (cd "/tmp/mlm/$TREE" && timeout -k 10 "${PRETRAIN_TIMEOUT:-420}" torchrun --nproc-per-node 1 \
+        --master-port 29400 "$script" "${MODEL_ARGS[@]}" --micro-batch-size 64 \
+        --global-batch-size 64 --train-iters "$iters" --lr "$lr" --min-lr 5e-5 \
+        --lr-decay-style cosine --lr-warmup-iters 40 --weight-decay 0.01 --clip-grad 1.0 \
         --data-path /tmp/corpus/c --split 100,0,0 --eval-iters 0 --eval-interval 100000 \
-        --save /tmp/ckpt --save-interval "$iters" --log-interval 50) >>"$LOG" 2>&1
+        --save /tmp/ckpt --save-interval "$iters" "${more[@]}") >>"$LOG" 2>&1
     say "pretrain rc=$? $(grep -o 'lm loss: [0-9.E+-]*' "$LOG" | tail -1)"
 }
 
@@ -84,10 +128,19 @@ arm() {
   agent_args: {seed: $SEED}
   weight: 1.0
 YAML
+    # PACK=1: one row of PACK_LENGTH tokens holds many trajectories, so a log-prob pass or an
+    # update is a few forwards instead of one per trajectory (megatron then wants one row a
+    # micro-batch); the rollouts' own length limit stays --inference-max-seq-length.
+    local pack=()
+    if [ "${PACK:-0}" = 1 ]; then
+        model_args "${PACK_LENGTH:-2048}"; pack=(--rl-use-sequence-packing)
+    else
+        model_args 128
+    fi
     say "arm $name: $arm k=$k $iters steps $*"
     timeout -k 10 "${ARM_TIMEOUT:-300}" torchrun --nproc-per-node 1 --master-port 29410 \
         "$HERE/launch.py" --megatron-lm "/tmp/mlm/$TREE" --arm "$arm" --record "$OUT/$name.jsonl" "$@" -- \
-        $(model_args) --perform-rl-step --langrl-env-config /tmp/env.yaml \
+        "${MODEL_ARGS[@]}" "${pack[@]}" --perform-rl-step --langrl-env-config /tmp/env.yaml \
         --grpo-group-size 8 --grpo-prompts-per-step 4 --grpo-iterations 1 \
         --grpo-clamp-eps-lower 0.2 --grpo-clamp-eps-upper 0.2 \
         --micro-batch-size 1 --global-batch-size 32 --train-iters "$iters" \

@@ -16,7 +16,9 @@ for the GPU and notes the time, so each step gets:
   ``cut_rollouts`` and ``cut_tokens``: the rollouts the agent cut after an accepted end token,
   and the tokens it cut (:mod:`agent` says why);
 * ``mtp_trained``: what the run's ``trained_mtp()`` said at the step's first policy forward
-  (megatron's default: whenever the model has MTP layers).
+  (megatron's default: whenever the model has MTP layers);
+* ``peak_gib``, beside ``train_s``: the most GPU memory torch's allocator held from the step's
+  first rollout forward to the next step's (the first step's includes start-up).
 
 Records go to a JSON-lines file as they are made: ``train_rl.py`` ends with ``os._exit``, so
 nothing may wait for the end. A step's record is written when its policy forwards start; its
@@ -133,7 +135,7 @@ class StepRecorder:
             return
         t = self.now()
         if kind == "rollout" and self.last == "train":
-            self.write({"step": self.step, "train_s": t - self.marks["train"]})
+            self.write({"step": self.step, "train_s": t - self.marks["train"], **peak_memory()})
         if kind == "rollout":
             self.step += 1
             self.marks = {"rollout": t}
@@ -173,6 +175,17 @@ class StepRecorder:
             "spec": marks.get("spec"),
             "mtp_trained": bool(self.trained_mtp(module)),
         }
+
+
+def peak_memory() -> dict[str, float]:
+    """The allocator's peak since the last call, in GiB (empty without a GPU); resets it."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    peak = torch.cuda.max_memory_allocated() / 2**30
+    torch.cuda.reset_peak_memory_stats()
+    return {"peak_gib": peak}
 
 
 def install(recorder: StepRecorder) -> None:

@@ -180,12 +180,46 @@ def test_a_separator_the_policy_writes_in_its_response_stays_in_the_response():
     assert [i for i, m in enumerate(mask) if m] == [3, 4, 5, 6]
 
 
-def test_the_launcher_refuses_sequence_packing_for_a_masked_arm_before_train_rl_runs():
+def test_in_a_packed_row_each_trajectory_gets_its_own_response_mask():
+    # --rl-use-sequence-packing puts several trajectories in one row: each one's prompt stays
+    # out, with or without the begin token, and a trajectory that ran to the length limit
+    # without its end token is masked to its own end, not into the next one's prompt.
+    import launch
+    import task
+
+    words = task.vocabulary()
+    separator, end = words.index(task.SEPARATOR), words.index(task.EOS)
+    starts = (words.index(task.BOS), words.index(task.COMMAND))
+
+    def ids(text: str) -> list[int]:
+        return [words.index(w) for w in text.split()]
+
+    first = ids("<bos> count 2 3 = 5 7 <eos>")  # labels 5, 7, <eos> at positions 4..6
+    unended = ids("count 9 = 11 = 13")  # no begin token, a separator in its response, no end
+    third = ids("<bos> count 1 = 3 <eos>")
+    row = first + unended + third + ids("<pad> <pad>")
+    mask = launch.response_mask(torch.tensor([row]), separator, end, starts)[0].tolist()
+    second, last = len(first), len(first) + len(unended)
+    # the unended one's last label (at second + 5) is the next trajectory's begin token
+    expected = [4, 5, 6] + [second + i for i in (2, 3, 4, 5)] + [last + 3, last + 4]
+    assert [i for i, m in enumerate(mask) if m] == expected
+    alone = launch.response_mask(torch.tensor([first]), separator, end, starts)[0].tolist()
+    assert alone == mask[: len(first)]
+
+
+def test_the_launcher_refuses_drafting_with_rotary_positions_before_train_rl_runs():
     import launch
 
-    with pytest.raises(SystemExit, match="--rl-use-sequence-packing"):
-        launch.refuse_packing(["--bf16", "--rl-use-sequence-packing"])
-    launch.refuse_packing(["--bf16"])
+    with pytest.raises(SystemExit, match="--position-embedding-type none"):
+        launch.refuse_drafting_past_the_rotary_table(
+            ["--position-embedding-type", "rope", "--num-speculative-tokens", "2"]
+        )
+    for fine in (
+        ["--position-embedding-type", "rope", "--num-speculative-tokens", "0"],
+        ["--position-embedding-type", "none", "--num-speculative-tokens", "2"],
+        ["--position-embedding-type", "rope"],
+    ):
+        launch.refuse_drafting_past_the_rotary_table(fine)
 
 
 def test_the_launcher_ends_the_process_with_code_1_when_train_rl_raises(capsys):
