@@ -40,9 +40,9 @@ from .megatron import (
     attach,
     auto_attach,
     clip_mtp_apart,
-    detach,
     freeze_mtp,
     freeze_trunk,
+    remove,
 )
 
 __all__ = [
@@ -66,13 +66,13 @@ __all__ = [
     "current_phase",
     "decide",
     "declare_phase",
-    "detach",
     "explain",
     "freeze_mtp",
     "freeze_trunk",
     "mtp_loss_mask",
     "phase",
     "reload",
+    "remove",
     "role_of",
     "set_role",
 ]

@@ -129,6 +129,14 @@ class PluginRegistry:
                 self._dists.pop(name, None)
             raise
 
+    def hook_names(self) -> list[str]:
+        """Every hook mtp-hooks defines, in the order :mod:`mtp_hooks.hookspecs` declares them."""
+        return [
+            name
+            for name in vars(hookspecs)
+            if self.pm.parse_hookspec_opts(hookspecs, name) is not None
+        ]
+
     def check_pending(self) -> None:
         """Raise :class:`PluginError` for a hookimpl that matches no hookspec (a typo)."""
         try:
@@ -140,8 +148,7 @@ class PluginRegistry:
             raise PluginError(
                 plugin=name,
                 message=f"mtp_hooks plugin {name!r}{origin} implements a hook mtp-hooks does not "
-                f"define: {exc}. Known hooks: should_run_mtp, mtp_loss_scale, mtp_detach_heads, "
-                "mtp_objective, mtp_loss_mask, mtp_metrics, declare_phases. Fix the name, or "
+                f"define: {exc}. Known hooks: {', '.join(self.hook_names())}. Fix the name, or "
                 f"disable the plugin with {ENV_DISABLE}={name}.",
             ) from exc
 

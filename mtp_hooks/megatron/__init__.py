@@ -6,7 +6,7 @@ model is attached.
 
 from __future__ import annotations
 
-from ._attach import attach, clip_mtp_apart, detach, freeze_mtp, freeze_trunk
+from ._attach import attach, clip_mtp_apart, freeze_mtp, freeze_trunk, remove
 from ._handle import AttachHandle
 
 __all__ = [
@@ -14,9 +14,9 @@ __all__ = [
     "attach",
     "auto_attach",
     "clip_mtp_apart",
-    "detach",
     "freeze_mtp",
     "freeze_trunk",
+    "remove",
 ]
 
 
@@ -28,7 +28,7 @@ def auto_attach(enabled: bool = True, *, clip_mtp_apart: bool = False) -> None:
     re-attaches it. It works through torch's module *registration* hook, which runs while
     modules are built and never at forward time; models without MTP get no hook at all.
     Idempotent. ``auto_attach(False)`` stops watching for new models; models already attached
-    stay attached (``mtp_hooks.detach`` them). ``MTP_HOOKS_AUTO=1`` turns it on in every Python
+    stay attached (``mtp_hooks.remove`` them). ``MTP_HOOKS_AUTO=1`` turns it on in every Python
     process that sees the variable, at the moment that process imports torch.
 
     Args:

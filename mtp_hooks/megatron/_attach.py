@@ -139,8 +139,9 @@ def _adopter(role: str | None) -> Callable[[MTPGate], None]:
     return adopt
 
 
-def detach(model: Any) -> None:
-    """Remove the hooks :func:`attach` installed on ``model`` (a no-op if it is not attached)."""
+def remove(model: Any) -> None:
+    """Remove the hooks :func:`attach` installed on ``model`` (a no-op if it is not attached):
+    what :meth:`AttachHandle.remove` does, for a caller that kept no handle."""
     capabilities, _, _ = _adapters()
     models, _ = capabilities.unwrap(model)
     attached = _runtime.current.attached

@@ -92,11 +92,11 @@ def test_remove_stops_all_consultation_and_the_model_runs_mtp_again(build, batch
     assert counting.calls == [] and counter.n == 1
 
 
-def test_detach_by_model_removes_the_hooks(build, batch, voter):
+def test_removing_by_model_removes_the_hooks(build, batch, voter):
     model = build()
     mtp_hooks.attach(model)
     counting = voter(False, "skip-all")
-    mtp_hooks.detach(Wrapper(model))
+    mtp_hooks.remove(Wrapper(model))
     model(*batch.args(), labels=batch.labels)
     assert counting.calls == []
 

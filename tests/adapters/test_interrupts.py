@@ -55,13 +55,13 @@ def test_remove_after_an_interrupt_restores_the_gates(build, batch):
     assert not model._forward_pre_hooks and not model._forward_hooks
 
 
-def test_detach_after_an_interrupt_restores_the_gates(build, batch):
+def test_removing_the_hooks_after_an_interrupt_restores_the_gates(build, batch):
     model = build()
     config = model.config
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     interrupt_inside_forward(model, batch, KeyboardInterrupt())
-    mtp_hooks.detach(model)
+    mtp_hooks.remove(model)
     assert model.mtp_process is True and model.config is config
 
 
@@ -105,19 +105,21 @@ def test_remove_clears_a_role_that_only_attach_gave(build):
     assert mtp_hooks.role_of(model) is None
 
 
-@pytest.mark.parametrize("how", ["detach", "remove"])
-def test_a_plugin_that_detaches_while_deciding_leaves_one_consistent_forward(build, batch, how):
+@pytest.mark.parametrize("how", ["mtp_hooks.remove", "handle.remove"])
+def test_a_plugin_that_removes_the_hooks_while_deciding_leaves_one_consistent_forward(
+    build, batch, how
+):
     model = build()
     config = model.config
     handle = mtp_hooks.attach(model)
 
-    class Detacher:
+    class Remover:
         @mtp_hooks.plugins.hookimpl
         def should_run_mtp(self, model, phase):
-            mtp_hooks.detach(model) if how == "detach" else handle.remove()
+            mtp_hooks.remove(model) if how == "mtp_hooks.remove" else handle.remove()
             return False
 
-    mtp_hooks.plugins.register(Detacher(), name="detacher")
+    mtp_hooks.plugins.register(Remover(), name="remover")
     seen = []
     model.decoder.register_forward_pre_hook(
         lambda m, a: seen.append((model.mtp_process, model.config is config))

@@ -67,12 +67,12 @@ def test_a_deep_copy_is_attached_through_its_own_handle(build, batch, count_mtp)
     assert handle.stats() == {"train": {"skip": 1}}
 
 
-def test_detaching_a_deep_copy_leaves_the_original_attached(build, batch, count_mtp):
+def test_removing_a_deep_copys_hooks_leaves_the_original_attached(build, batch, count_mtp):
     model = build()
     handle = mtp_hooks.attach(model)
     mtp_hooks.configure("train=skip")
     twin = deepcopy_model(model)
-    mtp_hooks.detach(twin)
+    mtp_hooks.remove(twin)
     twin_counter, counter = count_mtp(twin), count_mtp(model)
     twin(*batch.args(), labels=batch.labels)
     model(*batch.args(), labels=batch.labels)
@@ -97,7 +97,7 @@ def test_a_copy_taken_in_the_middle_of_a_skipped_forward_starts_with_mtp_on(buil
         twin(*batch.args(), labels=batch.labels)  # the copy's first forward repairs its gates
     assert twin.mtp_process is True and twin.config.mtp_num_layers == 1
     assert twin.config is twin.decoder.config
-    mtp_hooks.detach(twin)
+    mtp_hooks.remove(twin)
     assert twin.mtp_process is True and twin.config is twin.decoder.config
 
 

@@ -10,6 +10,7 @@ import importlib
 import sys
 import textwrap
 
+import pluggy
 import pytest
 
 import mtp_hooks
@@ -104,6 +105,26 @@ def test_a_misspelled_hook_in_an_entry_point_is_an_error_naming_the_plugin(insta
     )
     with pytest.raises(mtp_hooks.PluginError, match="'mtpx-typo'.*mtpx-typo 1.0.*should_run_mpt"):
         mtp_hooks.decide(None, "eval")
+
+
+def test_a_misspelled_hooks_error_lists_every_hook_the_hookspecs_define(install):
+    install(
+        "mtpx-typo",
+        """
+        import mtp_hooks
+
+        @mtp_hooks.plugins.hookimpl
+        def mtp_loss_scal(model, phase):
+            return 0.5
+        """,
+    )
+    with pytest.raises(mtp_hooks.PluginError) as info:
+        mtp_hooks.decide(None, "eval")
+    known = str(info.value).split("Known hooks: ")[1].split(". Fix")[0].split(", ")
+    fresh = pluggy.PluginManager(mtp_hooks.hookspecs.PROJECT_NAME)
+    fresh.add_hookspecs(mtp_hooks.hookspecs)
+    assert sorted(known) == sorted(vars(fresh.hook)) and len(known) == len(set(known))
+    assert {"should_run_mtp", "declare_phases", "mtp_metrics"} <= set(known)
 
 
 def test_a_blocked_plugin_is_not_loaded_and_is_listed_as_blocked(install, monkeypatch):

@@ -47,7 +47,7 @@ def mismatch(model, *args, **kwargs) -> str:
     except mtp_hooks.DecisionMismatchError as exc:
         return f"DecisionMismatchError: {exc}"
     finally:
-        mtp_hooks.detach(model)
+        mtp_hooks.remove(model)
     return "no error (WRONG)"
 
 

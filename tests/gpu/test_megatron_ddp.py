@@ -101,7 +101,7 @@ def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
         mtp_hooks.plugins.register(SkipLastMicrobatch(), name="skip-last-microbatch")
     losses = [step.loss for step in train_steps(wrapped, STEPS, MICROBATCHES)]
     mtp_after = {n: p.detach().clone() for n, p in model.named_parameters() if n.startswith("mtp.")}
-    mtp_hooks.detach(wrapped.ddp)
+    mtp_hooks.remove(wrapped.ddp)
     return losses, mtp_before, mtp_after
 
 

@@ -77,7 +77,7 @@ def copy_mid_forward(build, args, labels) -> None:
     with torch.no_grad():
         twin(*args, labels=labels)
     check(twin.mtp_process is True and twin.config.mtp_num_layers == 1, "copy kept a skip")
-    mtp_hooks.detach(twin)
+    mtp_hooks.remove(twin)
 
 
 def threads(model, handle, args, labels, forwards: int = 5) -> None:
