@@ -121,5 +121,17 @@ class AttachHandle:
         self.remove()
 
     def __repr__(self) -> str:
-        names = ", ".join(type(m).__name__ for m in self.gated) or "nothing"
-        return f"<AttachHandle gating {names} role={self.role!r}>"
+        names = ", ".join(type(m).__name__ for m in self.gated)
+        return f"<AttachHandle gating {names or self._why_nothing()} role={self.role!r}>"
+
+    def _why_nothing(self) -> str:
+        # attach() of a model without MTP is no error (a pipeline stage without the MTP block,
+        # a framework that attaches whatever it builds), so the handle says why it gates nothing
+        models = [m for m in self.models if _runtime.current.attached.get(m) is self]
+        if not models:
+            return "nothing (removed, or its models are gone)"
+        depths = {getattr(getattr(m, "config", None), "mtp_num_layers", None) for m in models}
+        if depths <= {None, 0}:
+            kind = type(models[0]).__name__
+            return f"nothing ({kind} was built without MTP: mtp_num_layers unset)"
+        return "nothing (no MTP block on this pipeline stage)"

@@ -313,3 +313,18 @@ def test_local_graphs_toggled_off_for_training_take_every_policy(build, batch, c
         model(*batch.args(), labels=batch.labels)
     assert counter.n == 1
     assert handle.stats() == {"train": {"skip": 1}, "eval": {"run": 1}}
+
+
+def test_a_handle_that_gates_nothing_says_why_in_its_repr():
+    # attach() of a model without MTP is no error (a pipeline stage, a framework attaching what
+    # it builds), so the one place a caller looks, the handle, says why nothing is gated
+    no_mtp = tiny_models.build_gpt(spec=tiny_models.TinySpec(mtp_num_layers=None))
+    handle = mtp_hooks.attach(no_mtp)
+    assert handle.gated == [] and "built without MTP" in repr(handle)
+    stage = tiny_models.build_gpt(with_mtp_block=False)  # mtp_num_layers set, no MTP layer here
+    assert "no MTP block on this pipeline stage" in repr(mtp_hooks.attach(stage))
+    gated = tiny_models.build_gpt()
+    with_mtp = mtp_hooks.attach(gated)
+    assert repr(with_mtp).startswith(f"<AttachHandle gating {type(gated).__name__} ")
+    with_mtp.remove()
+    assert "removed" in repr(with_mtp)
