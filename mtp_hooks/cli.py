@@ -65,11 +65,51 @@ def _cmd_check_config(args: argparse.Namespace) -> int:
         checks = [(args.file, lambda: _policy.load_policy_file(args.file, origin=None))]
     else:  # what a job started from this shell would run with
         checks = _environment_checks()
+    refused = 0
     for what, parse in checks:
         entries = parse()
         _print_entries(entries)
         print(f"{what}: valid ({len(entries)} {'entry' if len(entries) == 1 else 'entries'})")
-    return 0
+        refusal = _installed_megatron_refusal(entries)
+        if refusal is not None:
+            print(f"{what}: {refusal}", file=sys.stderr)
+            refused = 1
+    return refused
+
+
+def _installed_megatron_refusal(entries: dict[Any, Any]) -> str | None:
+    """What the megatron-core installed here would refuse of ``entries`` at attach (``None``:
+    nothing). The grammar is the same on every megatron-core; ``+detach`` (and the
+    ``+objective:kl``/``tv`` that need it) is not."""
+    import importlib.util
+
+    detaching = sorted(
+        f"{role + '.' if role else ''}{phase}" for (role, phase), e in entries.items() if e.detach
+    )
+    if not detaching:
+        return None
+    if importlib.util.find_spec("megatron") is None:
+        print(
+            f"{', '.join(detaching)}: +detach not checked against a megatron-core, as none is "
+            "installed here (it needs megatron-core 0.19 or later)"
+        )
+        return None
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from .megatron import _capabilities
+
+    if _capabilities.has_detach_field(TransformerConfig):
+        return None
+    try:
+        from megatron.core.package_info import __version__ as version
+    except ImportError:
+        version = "of this environment"
+    return (
+        f"{', '.join(detaching)}: +detach (and +objective:kl or tv, which need it) will be "
+        f"refused at attach: the installed megatron-core {version} has no mtp_detach_heads "
+        "field, which came in 0.19 (0.17 and later need Python 3.12). Upgrade megatron-core, "
+        "or drop '+detach' for this environment"
+    )
 
 
 def _environment_checks() -> list[tuple[str, Callable[[], dict[Any, Any]]]]:

@@ -284,8 +284,10 @@ def full_graph_wrapper() -> Any | None:
 
 def has_detach_field(config: Any) -> bool:
     """Whether this megatron-core's ``TransformerConfig`` has ``mtp_detach_heads`` (0.19 on),
-    the field each forward is told to detach MTP's inputs through."""
-    return "mtp_detach_heads" in getattr(type(config), "__dataclass_fields__", ())
+    the field each forward is told to detach MTP's inputs through; ``config`` is a config or
+    its class."""
+    cls = config if isinstance(config, type) else type(config)
+    return "mtp_detach_heads" in getattr(cls, "__dataclass_fields__", ())
 
 
 def drafts_single_positions(model: Any) -> bool:
