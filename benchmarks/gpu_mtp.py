@@ -191,7 +191,7 @@ def run(args) -> dict:
 
     mtp_model, plain_model = build_models(args, True, False)
     if "mtp_detach_heads" in type(mtp_model.config).__dataclass_fields__:  # case f detaches
-        mtp_hooks.clip_mtp_apart(mtp_model)
+        mtp_hooks.megatron.clip_mtp_apart(mtp_model)
     params = {
         "mtp_model_params": sum(p.numel() for p in mtp_model.parameters()),
         "mtp_params": sum(p.numel() for p in mtp_model.mtp.parameters()),

@@ -23,7 +23,8 @@ tiny_models.init_single_process(port=tiny_models.free_port())  # one gloo rank
 tiny_models.reset_mtp_loss_tracker(num_layers=2)  # CPU only: megatron keeps it on CUDA
 spec = tiny_models.TinySpec(vocab_size=64, seq_length=32, mtp_num_layers=2)
 model = tiny_models.build_gpt(spec, attention="sdpa")
-mtp_hooks.clip_mtp_apart(model)  # '+detach' needs it: no global clip mixes MTP into the trunk
+# '+detach' needs it: no global clip mixes MTP into the trunk
+mtp_hooks.megatron.clip_mtp_apart(model)
 optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
 
 

@@ -8,6 +8,8 @@ Each public name has one home:
 
 * users import from ``mtp_hooks`` (this module);
 * plugin authors from :mod:`mtp_hooks.plugins` (``hookimpl``, ``hookspec``, ``register``);
+* the parameter editors (``freeze_mtp``, ``freeze_trunk``, ``clip_mtp_apart``), which change
+  a model's weights rather than what a forward runs, from :mod:`mtp_hooks.megatron`;
 * framework plugins' helpers come from :mod:`mtp_hooks.framework`;
 * test suites reset the state between tests with :func:`mtp_hooks.testing.reset`.
 """
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import framework, plugins, testing  # noqa: F401  (each public name's home)
+from . import framework, megatron, plugins, testing  # noqa: F401  (each public name's home)
 from ._decision import Decision, decide
 from ._errors import (
     DecisionMismatchError,
@@ -35,15 +37,7 @@ from ._phase_catalogue import declare_phase, phase
 from ._phases import Phase, PhaseLike, current_phase
 from ._roles import role_of, set_role
 from ._sources import configure, reload
-from .megatron import (
-    AttachHandle,
-    attach,
-    auto_attach,
-    clip_mtp_apart,
-    freeze_mtp,
-    freeze_trunk,
-    remove,
-)
+from .megatron import AttachHandle, attach, auto_attach, remove
 
 __all__ = [
     "AttachHandle",
@@ -61,14 +55,11 @@ __all__ = [
     "UnsupportedModelError",
     "attach",
     "auto_attach",
-    "clip_mtp_apart",
     "configure",
     "current_phase",
     "decide",
     "declare_phase",
     "explain",
-    "freeze_mtp",
-    "freeze_trunk",
     "mtp_loss_mask",
     "phase",
     "reload",
@@ -86,6 +77,10 @@ _ELSEWHERE = {
     "list_plugins": "mtp_hooks.plugins",
     "get_plugin_manager": "mtp_hooks.plugins",
     "reset": "mtp_hooks.testing",
+    # the parameter editors: they change the model's weights, not what a forward runs
+    "freeze_mtp": "mtp_hooks.megatron",
+    "freeze_trunk": "mtp_hooks.megatron",
+    "clip_mtp_apart": "mtp_hooks.megatron",
 }
 
 

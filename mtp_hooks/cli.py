@@ -91,7 +91,8 @@ def _installed_megatron_refusal(entries: dict[Any, Any]) -> str | None:
     if importlib.util.find_spec("megatron") is None:
         print(
             f"{', '.join(detaching)}: +detach not checked against a megatron-core, as none is "
-            "installed here (it needs megatron-core 0.19 or later)"
+            "installed here (it needs megatron-core 0.19 or later)",
+            file=sys.stderr,
         )
         return None
     from megatron.core.transformer.transformer_config import TransformerConfig

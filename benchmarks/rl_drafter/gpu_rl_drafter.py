@@ -140,7 +140,7 @@ def run(args, save=lambda results: None) -> dict:
     tiny_models.reset_mtp_loss_tracker(num_layers=DEPTH, device=args.device)
     model = build_model(args)
     if "mtp_detach_heads" in type(model.config).__dataclass_fields__:  # C and D detach
-        mtp_hooks.clip_mtp_apart(model)
+        mtp_hooks.megatron.clip_mtp_apart(model)
     n_params = sum(p.numel() for p in model.parameters())
     trainer = Trainer(model, args.lr, args.clip)
     handle = mtp_hooks.attach(model)

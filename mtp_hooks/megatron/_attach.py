@@ -219,7 +219,7 @@ def clip_mtp_apart(model: Any) -> list[str]:
         .. code-block:: python
 
             model = GPTModel(config, spec, vocab, seq, mtp_block_spec=mtp)
-            mtp_hooks.clip_mtp_apart(model)
+            mtp_hooks.megatron.clip_mtp_apart(model)
             ddp = DistributedDataParallel(config, ddp_config, model)
             optimizer = get_megatron_optimizer(OptimizerConfig(clip_grad=1.0, ...), [ddp])
             mtp_hooks.attach(ddp)

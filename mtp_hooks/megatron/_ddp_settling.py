@@ -97,8 +97,8 @@ class DDPState:
                 "but mtp_hooks was attached to the bare model, so a skipped forward cannot "
                 "settle DDP's param all-gathers (with overlap_param_gather=True the next step "
                 "fails on 'param_gather_handle is None'). Attach the DDP wrapper instead: "
-                "mtp_hooks.attach(ddp_model), or freeze MTP with mtp_hooks.freeze_mtp() before "
-                "wrapping."
+                "mtp_hooks.attach(ddp_model), or freeze MTP with "
+                "mtp_hooks.megatron.freeze_mtp() before wrapping."
             )
         return bool(params) and (self.wrapped or in_buffer)
 
@@ -118,8 +118,9 @@ class DDPState:
             _runtime.warn_once(
                 "mtp_hooks: MTP was skipped under DDP but the model output is not a tensor that "
                 "requires grad, so the MTP parameters get no zero gradient; with "
-                "overlap_grad_reduce=True the grad sync may fail. Use mtp_hooks.freeze_mtp(model) "
-                "before wrapping in DDP to take MTP out of the gradient buckets."
+                "overlap_grad_reduce=True the grad sync may fail. Use "
+                "mtp_hooks.megatron.freeze_mtp(model) before wrapping in DDP to take MTP out of "
+                "the gradient buckets."
             )
             return None
         from megatron.core.utils import make_viewless_tensor

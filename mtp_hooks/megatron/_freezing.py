@@ -45,9 +45,9 @@ def freeze_trunk_parameters(
     the same refusals, and one more: a model without MTP."""
     if not any(has_mtp(m) for m in models):
         raise UnsupportedModelError(
-            "mtp_hooks.freeze_trunk: the model has no MTP block on this rank, so it would freeze "
-            "every parameter. Call it on a model built with mtp_num_layers > 0 (on pipeline "
-            "stages without MTP there is nothing to train in MTP-only training)."
+            "mtp_hooks.megatron.freeze_trunk: the model has no MTP block on this rank, so it "
+            "would freeze every parameter. Call it on a model built with mtp_num_layers > 0 (on "
+            "pipeline stages without MTP there is nothing to train in MTP-only training)."
         )
     keep = {id(p) for m in models if has_mtp(m) for _, p in mtp_only_parameters(m)}
     params = [(name, p) for m in models for name, p in m.named_parameters() if id(p) not in keep]
@@ -71,7 +71,7 @@ def mtp_grad_norm_group_or_refuse() -> str:
     group = _capabilities.mtp_grad_norm_group()
     if group is None:
         raise UnsupportedModelError(
-            "mtp_hooks.clip_mtp_apart: this megatron-core's optimizer has no separate "
+            "mtp_hooks.megatron.clip_mtp_apart: this megatron-core's optimizer has no separate "
             "gradient-norm groups (megatron.core.optimizer.optimizer.SEPARATE_GRAD_NORM_GROUPS "
             "came in megatron-core 0.19), so it always clips MTP's gradients together with the "
             "trunk's. Upgrade megatron-core (0.17 and later need Python 3.12), or clip the "
@@ -102,7 +102,7 @@ def clip_mtp_apart_parameters(
     )
     if wrapped or megatron_ddps(wrappers):
         raise UnsupportedModelError(
-            "mtp_hooks.clip_mtp_apart must be called before the model is wrapped in DDP: "
+            "mtp_hooks.megatron.clip_mtp_apart must be called before the model is wrapped in DDP: "
             "megatron's optimizer copies each parameter's gradient-norm group when it is built "
             "over the wrapped model, and a tag set after that is not seen. Call it on the bare "
             "GPTModel/HybridModel, then wrap it and build the optimizer."
@@ -112,8 +112,8 @@ def clip_mtp_apart_parameters(
     if others:
         listed = ", ".join(f"{n} ({g!r})" for n, g in others[:3])
         raise UnsupportedModelError(
-            f"mtp_hooks.clip_mtp_apart: MTP parameters already belong to another gradient-norm "
-            f"group: {listed}. Remove that tag first, or leave the grouping to it."
+            "mtp_hooks.megatron.clip_mtp_apart: MTP parameters already belong to another "
+            f"gradient-norm group: {listed}. Remove that tag first, or leave the grouping to it."
         )
     for _, param in params:
         setattr(param, attr, group)

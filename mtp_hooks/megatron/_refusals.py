@@ -127,7 +127,7 @@ def detach_refusal(config: Any, graphs: str | None) -> str | None:
             "inputs; its optimizer also clips one global gradient norm, with no group for the "
             "MTP weights, so even a detached MTP would change the trunk's clip coefficient. "
             "Upgrade megatron-core (0.17 and later need Python 3.12), or drop '+detach' "
-            "(mtp_hooks.freeze_trunk trains the MTP weights alone)"
+            "(mtp_hooks.megatron.freeze_trunk trains the MTP weights alone)"
         )
     if graphs is not None:
         return (
@@ -167,10 +167,11 @@ def clipping_refusal(model: Any) -> str | None:
         f"its MTP weights ({untagged[0]} and {len(untagged) - 1} more) are not in megatron's "
         f"{group!r} gradient-norm group, so a global gradient clip (megatron's optimizer clips "
         "at clip_grad=1.0 unless told otherwise) would count MTP's gradients in the trunk's "
-        "clip coefficient and change the policy's update. Call mtp_hooks.clip_mtp_apart(model) "
-        "on the bare model before wrapping it in DDP, building the optimizer and attaching it, "
-        "or, where a framework builds the model (Megatron-LM's pretrain() or train_rl.py), "
-        "call mtp_hooks.auto_attach(clip_mtp_apart=True) before it does (a model built with "
+        "clip coefficient and change the policy's update. Call "
+        "mtp_hooks.megatron.clip_mtp_apart(model) on the bare model before wrapping it in DDP, "
+        "building the optimizer and attaching it, or, where a framework builds the model "
+        "(Megatron-LM's pretrain() or train_rl.py), call "
+        "mtp_hooks.auto_attach(clip_mtp_apart=True) before it does (a model built with "
         "mtp_detach_heads=True is tagged already)"
     )
 

@@ -101,7 +101,8 @@ def test_an_inference_forward_leaves_the_model_to_be_attached_by_its_first_train
     from test_attach import graphed, toggled_off
 
     model = graphed(build(), "local")
-    mtp_hooks.clip_mtp_apart(model)  # what +detach needs under megatron's clipping optimizer
+    # what +detach needs under megatron's clipping optimizer
+    mtp_hooks.megatron.clip_mtp_apart(model)
     counter = count_mtp(model)
     mtp_hooks.configure("train=run+detach,eval=skip")  # refused under local training graphs
     model.eval()

@@ -41,7 +41,7 @@ def build(build):
     def make(*args, **kwargs) -> torch.nn.Module:
         model = build(*args, **kwargs)
         if has_detach_field():
-            mtp_hooks.clip_mtp_apart(model)
+            mtp_hooks.megatron.clip_mtp_apart(model)
         return model
 
     return make
@@ -191,7 +191,7 @@ def test_a_deep_copy_taken_inside_a_detached_forward_starts_with_its_own_configs
     # the copy's optimizer would clip globally, so its detached forward is refused until tagged
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="clip_mtp_apart"):
         train_step(twin, batch)
-    mtp_hooks.clip_mtp_apart(twin)
+    mtp_hooks.megatron.clip_mtp_apart(twin)
     train_step(twin, batch)  # its first forward puts the copied block's own config back
     assert all(c.mtp_detach_heads is False for c in configs(twin))
     assert all(type(c).__name__ == "TransformerConfig" for c in configs(twin))
@@ -279,7 +279,7 @@ def test_detach_is_refused_at_attach_while_the_mtp_weights_share_the_trunks_grad
     assert "the policy config asks to detach MTP in train" in message
     assert "'mtp' gradient-norm group" in message and "clip_mtp_apart(model)" in message
     assert not model._forward_pre_hooks
-    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.megatron.clip_mtp_apart(model)
     mtp_hooks.attach(model)
 
 
@@ -314,9 +314,9 @@ def test_a_model_built_with_mtp_detach_heads_is_already_clipped_apart(build, bat
 def test_clip_mtp_apart_tags_exactly_the_mtp_block_and_is_idempotent(build):
     model = build()
     untag(model)
-    names = mtp_hooks.clip_mtp_apart(model)
+    names = mtp_hooks.megatron.clip_mtp_apart(model)
     assert names == [f"mtp.{n}" for n, _ in model.mtp.named_parameters()]
-    assert mtp_hooks.clip_mtp_apart(model) == names
+    assert mtp_hooks.megatron.clip_mtp_apart(model) == names
     grouped = {n for n, p in model.named_parameters() if hasattr(p, "grad_norm_group")}
     assert grouped == set(names) and not any(n.startswith("embedding") for n in grouped)
 
@@ -328,7 +328,7 @@ def test_clip_mtp_apart_is_refused_after_the_ddp_wrap_and_changes_nothing(build)
     for param in model.parameters():  # what megatron's DDP gives every parameter it buckets
         param.main_grad = torch.zeros_like(param)
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="before the model is wrapped"):
-        mtp_hooks.clip_mtp_apart(model)
+        mtp_hooks.megatron.clip_mtp_apart(model)
     assert not any(hasattr(p, "grad_norm_group") for p in model.parameters())
 
 
@@ -339,7 +339,7 @@ def test_clip_mtp_apart_leaves_a_parameter_of_another_group_and_everything_else_
     first = next(model.mtp.parameters())
     first.grad_norm_group = "experts"
     with pytest.raises(mtp_hooks.UnsupportedModelError, match=r"mtp\.\S+ \('experts'\)"):
-        mtp_hooks.clip_mtp_apart(model)
+        mtp_hooks.megatron.clip_mtp_apart(model)
     assert [getattr(p, "grad_norm_group", None) for p in model.mtp.parameters()][:2] == [
         "experts",
         None,
@@ -350,7 +350,7 @@ def test_clip_mtp_apart_leaves_a_parameter_of_another_group_and_everything_else_
 def test_clip_mtp_apart_is_refused_where_the_optimizer_has_no_separate_groups(build):
     model = build()
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="SEPARATE_GRAD_NORM_GROUPS"):
-        mtp_hooks.clip_mtp_apart(model)
+        mtp_hooks.megatron.clip_mtp_apart(model)
     assert not any(hasattr(p, "grad_norm_group") for p in model.parameters())
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="SEPARATE_GRAD_NORM_GROUPS"):
         mtp_hooks.auto_attach(clip_mtp_apart=True)

@@ -70,14 +70,14 @@ def test_alternating_run_and_skip_under_ddp_keeps_working(build, batch, count_mt
 
 def test_freeze_mtp_turns_off_requires_grad_on_exactly_the_mtp_parameters(build):
     model = build()
-    frozen = mtp_hooks.freeze_mtp(model)
+    frozen = mtp_hooks.megatron.freeze_mtp(model)
     names = {n for n, p in model.named_parameters() if not p.requires_grad}
     assert names == set(frozen) == {n for n, _ in model.named_parameters() if n.startswith("mtp.")}
 
 
 def test_freeze_mtp_on_a_stage_without_pre_process_also_freezes_the_embedding_copy(build):
     model = build(pre_process=False)
-    frozen = set(mtp_hooks.freeze_mtp(model))
+    frozen = set(mtp_hooks.megatron.freeze_mtp(model))
     assert "embedding.word_embeddings.weight" in frozen
     assert any(n.startswith("mtp.") for n in frozen)
 
@@ -86,13 +86,13 @@ def test_freeze_mtp_on_a_wrapped_model_is_refused_and_changes_nothing(build):
     model = build()
     wrapped = ddp(model)
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="before the model is wrapped in DDP"):
-        mtp_hooks.freeze_mtp(wrapped)
+        mtp_hooks.megatron.freeze_mtp(wrapped)
     assert all(p.requires_grad for p in model.parameters())
 
 
 def test_frozen_mtp_gets_no_zero_gradient_trick(build, batch):
     model = build()
-    mtp_hooks.freeze_mtp(model)
+    mtp_hooks.megatron.freeze_mtp(model)
     wrapped = ddp(model)
     mtp_hooks.attach(wrapped)
     mtp_hooks.configure("train=skip")
@@ -120,7 +120,7 @@ def moved_by_adamw_steps(model, batch, policy: str, steps: int = 3) -> set[str]:
 
 def test_frozen_mtp_weights_stay_bit_identical_across_optimizer_steps(build, batch):
     model = build()
-    mtp_hooks.freeze_mtp(model)
+    mtp_hooks.megatron.freeze_mtp(model)
     changed = moved_by_adamw_steps(model, batch, "train=skip")
     assert changed and not any(n.startswith("mtp.") for n in changed)
 
@@ -154,7 +154,7 @@ def test_a_skip_on_a_bare_model_inside_megatron_ddp_is_refused_with_the_fix(buil
 
 def test_freeze_trunk_leaves_exactly_the_mtp_parameters_trainable(build):
     model = build()
-    frozen = set(mtp_hooks.freeze_trunk(model))
+    frozen = set(mtp_hooks.megatron.freeze_trunk(model))
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {n for n, _ in model.named_parameters() if n.startswith("mtp.")}
     assert frozen == {n for n, _ in model.named_parameters()} - trainable
@@ -162,7 +162,7 @@ def test_freeze_trunk_leaves_exactly_the_mtp_parameters_trainable(build):
 
 def test_with_a_frozen_trunk_mtp_trains_and_the_trunk_stays_bit_identical(build, batch):
     model = build()
-    mtp_hooks.freeze_trunk(model)
+    mtp_hooks.megatron.freeze_trunk(model)
     moved = moved_by_adamw_steps(model, batch, "train=run")
     assert moved == {n for n, _ in model.named_parameters() if n.startswith("mtp.")}
 
@@ -172,8 +172,8 @@ def test_freeze_trunk_on_a_wrapped_model_or_one_without_mtp_is_refused_and_chang
 ):
     model = build()
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="before the model is wrapped"):
-        mtp_hooks.freeze_trunk(ddp(model))
+        mtp_hooks.megatron.freeze_trunk(ddp(model))
     plain = build(spec=tiny_models.TinySpec(seq_length=16, vocab_size=128, mtp_num_layers=None))
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="has no MTP block"):
-        mtp_hooks.freeze_trunk(plain)
+        mtp_hooks.megatron.freeze_trunk(plain)
     assert all(p.requires_grad for m in (model, plain) for p in m.parameters())

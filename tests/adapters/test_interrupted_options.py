@@ -39,7 +39,7 @@ def deep(build, mtp_tracker):
             spec=tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB, mtp_num_layers=DEPTHS),
         )
         if has_detach_field():
-            mtp_hooks.clip_mtp_apart(model)
+            mtp_hooks.megatron.clip_mtp_apart(model)
         return model
 
     return make

@@ -411,7 +411,7 @@ def test_under_a_weight_or_detach_a_block_mask_trains_as_passing_it_as_loss_mask
     for how in ("block", "loss_mask", "unmasked", "skip"):
         model = build(seed=15)
         if "detach" in policy:
-            mtp_hooks.clip_mtp_apart(model)
+            mtp_hooks.megatron.clip_mtp_apart(model)
         handle = mtp_hooks.attach(model)
         mtp_hooks.configure("train=skip" if how == "skip" else policy)
         if how == "block":

@@ -83,7 +83,7 @@ def test_a_frozen_moe_mtp_layer_and_its_expert_bias_stay_bit_identical(batch):
     model = build_moe_gpt()
     if not routers_have_the_flag(model):
         pytest.skip("this megatron-core's router has no frozen_expert_bias")
-    frozen = mtp_hooks.freeze_mtp(model)
+    frozen = mtp_hooks.megatron.freeze_mtp(model)
     assert any("router" in name for name in frozen)
     mtp_before, trunk_before = snapshot(model, "mtp."), snapshot(model, "decoder.")
     assert any(k.endswith("expert_bias") for k in mtp_before)
@@ -123,5 +123,5 @@ def test_freezing_an_moe_mtp_layer_is_refused_without_the_router_flag():
     if routers_have_the_flag(model):
         pytest.skip("this megatron-core's router has frozen_expert_bias")
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="frozen_expert_bias"):
-        mtp_hooks.freeze_mtp(model)
+        mtp_hooks.megatron.freeze_mtp(model)
     assert all(p.requires_grad for p in model.mtp.parameters())

@@ -128,7 +128,7 @@ def test_run_trains_every_depth_and_a_weight_replaces_the_configured_one(batch, 
 def test_detach_trains_mtp_and_leaves_the_trunk_gradients_those_of_a_skip(batch):
     model = nemotron(seed=3)
     skipped = twin(model)
-    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.megatron.clip_mtp_apart(model)
     mtp_hooks.attach(model)
     mtp_hooks.attach(skipped, role="reference")
     mtp_hooks.configure("train=run+detach,reference.train=skip")
@@ -144,7 +144,7 @@ def test_an_objective_trains_the_drafter_on_the_policy_and_leaves_the_trunk_alon
     model = nemotron(seed=4)
     ce = twin(model)
     for m in (model, ce):
-        mtp_hooks.clip_mtp_apart(m)
+        mtp_hooks.megatron.clip_mtp_apart(m)
     mtp_hooks.attach(model)
     mtp_hooks.attach(ce, role="reference")
     mtp_hooks.configure(f"train=run+detach+objective:{objective},reference.train=run+detach")
@@ -203,7 +203,7 @@ def test_freezing_the_mtp_block_keeps_its_weights_and_expert_bias_over_steps(bat
     ):
         pytest.skip("this megatron-core's router has no frozen_expert_bias")
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a, **k: None)  # DDP's streams
-    mtp_hooks.freeze_mtp(model)
+    mtp_hooks.megatron.freeze_mtp(model)
     before = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
     mtp_hooks.configure("train=run,eval=skip")
     megatron_ddp_steps(model, batch, steps=2, optimizer=lambda ps: torch.optim.AdamW(ps, lr=1e-2))
@@ -219,10 +219,10 @@ def test_freezing_the_trunk_trains_only_the_mtp_block_or_is_refused_changing_not
     routers = [m for m in model.decoder.modules() if getattr(m, "expert_bias", None) is not None]
     if not all(hasattr(r, "frozen_expert_bias") for r in routers):  # before 0.19
         with pytest.raises(mtp_hooks.UnsupportedModelError, match="frozen_expert_bias"):
-            mtp_hooks.freeze_trunk(model)
+            mtp_hooks.megatron.freeze_trunk(model)
         assert all(p.requires_grad for p in model.parameters())
         return
-    frozen = mtp_hooks.freeze_trunk(model)
+    frozen = mtp_hooks.megatron.freeze_trunk(model)
     assert any("mixer" in name for name in frozen)
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=run")

@@ -35,7 +35,7 @@ def deep(build):
     def make(seed: int = 0, **kwargs) -> torch.nn.Module:
         spec = tiny_models.TinySpec(seq_length=SEQ, vocab_size=VOCAB, mtp_num_layers=DEPTHS)
         model = build(seed, spec=spec, **kwargs)
-        mtp_hooks.clip_mtp_apart(model)
+        mtp_hooks.megatron.clip_mtp_apart(model)
         return model
 
     return make
@@ -286,7 +286,7 @@ def test_under_packed_sequences_no_target_crosses_a_sequence_boundary(kind):
     for _ in range(2):
         torch.manual_seed(14)
         model = tiny_models.build_gpt(spec, attention="sdpa")  # thd-capable on the CPU
-        mtp_hooks.clip_mtp_apart(model)
+        mtp_hooks.megatron.clip_mtp_apart(model)
         models.append(model)
     hooked, reference = models
     row = packed_row()  # two sequences in one row

@@ -166,7 +166,7 @@ def test_a_callers_own_compute_mtp_loss_false_against_an_objective_is_refused_no
     build, kind, batch
 ):
     model = build(model_cls=native(kind))
-    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.megatron.clip_mtp_apart(model)
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=run+detach+objective:kl")
     with pytest.raises(mtp_hooks.PolicyConflictError, match=r"with \+detach and \+objective\."):

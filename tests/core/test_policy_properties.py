@@ -198,9 +198,11 @@ def test_explain_and_check_config_say_what_decide_decides(policy, tmp_path_facto
     ]
     path = tmp_path_factory.mktemp("cli") / "policy.toml"
     path.write_text("\n".join(lines) + "\n")
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert cli(["check-config", str(path)]) == 0
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli(["check-config", str(path)])
+    # 1 only where the megatron-core installed here would refuse +detach at attach
+    assert code == 0 or "no mtp_detach_heads field" in err.getvalue(), err.getvalue()
     printed = out.getvalue().splitlines()[:-1]
     reparsed = parse_policy(",".join(line.replace(" = ", "=") for line in printed))
     assert plain(reparsed) == expected(policy)

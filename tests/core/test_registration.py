@@ -220,4 +220,4 @@ def test_errors_print_under_the_name_they_are_imported_by():
 
 def test_the_package_has_a_version_and_lists_it():
     assert mtp_hooks.__version__ == importlib.metadata.version("mtp-hooks")
-    assert {"attach", "AttachHandle", "freeze_mtp", "__version__", "decide"} <= set(dir(mtp_hooks))
+    assert {"attach", "AttachHandle", "remove", "__version__", "decide"} <= set(dir(mtp_hooks))

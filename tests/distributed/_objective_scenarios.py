@@ -157,7 +157,7 @@ def _alone(model, solo):
 
 def _depths(model):
     """``model`` as built, with its MTP weights clipped apart (``+detach`` needs it)."""
-    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.megatron.clip_mtp_apart(model)
     return model
 
 

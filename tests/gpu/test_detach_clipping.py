@@ -3,7 +3,7 @@
 megatron's optimizer computes gradient norms with CUDA allocations, so this runs only where CUDA
 is. A GPTModel with MTP is wrapped in megatron's ``DistributedDataParallel`` and trained for a
 few optimizer steps through ``get_forward_backward_func()`` with a clip small enough that every
-step clips. With the MTP weights clipped apart (``mtp_hooks.clip_mtp_apart``), a detached
+step clips. With the MTP weights clipped apart (``mtp_hooks.megatron.clip_mtp_apart``), a detached
 training step leaves the trunk bit for bit where a skipped one does, and so does megatron's own
 ``mtp_detach_heads=True``. The control shows the clip is what matters: the same built flag with
 its tags removed moves the trunk elsewhere.
@@ -37,7 +37,7 @@ def train(policy: str, optimizer_kind: str, *, tag: bool, built_detach: bool = F
     distributed = optimizer_kind == "distributed"
     model = tiny_gpt(**({"mtp_detach_heads": True} if built_detach else {}))
     if tag:
-        mtp_hooks.clip_mtp_apart(model)
+        mtp_hooks.megatron.clip_mtp_apart(model)
     else:
         for param in model.mtp.parameters():  # megatron's own tags of a built flag, removed
             if hasattr(param, "grad_norm_group"):

@@ -81,7 +81,7 @@ def trained():
     tiny_models.init_single_process(port=tiny_models.free_port())
     tiny_models.reset_mtp_loss_tracker(num_layers=bench.DEPTH, device="cuda")
     model = bench.build_model(args)
-    mtp_hooks.clip_mtp_apart(model)  # one policy below detaches in training
+    mtp_hooks.megatron.clip_mtp_apart(model)  # one policy below detaches in training
     trainer = bench.Trainer(model, args.lr, args.clip)
     lang = bench.PhraseLanguage(args.vocab, args.phrases, 1)
     for step in range(150):

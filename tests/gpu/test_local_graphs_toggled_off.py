@@ -35,7 +35,7 @@ def build() -> torch.nn.Module:
     )
     torch.manual_seed(0)
     model = tiny_models.build_gpt(spec, attention="local", cuda_graph_impl="local").cuda()
-    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.megatron.clip_mtp_apart(model)
     return model
 
 

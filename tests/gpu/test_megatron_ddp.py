@@ -73,7 +73,7 @@ def train(mode: str, naive_from_step: int = 0, attach_inner: bool = False):
 
     model = tiny_gpt()
     if mode == "frozen":
-        mtp_hooks.freeze_mtp(model)
+        mtp_hooks.megatron.freeze_mtp(model)
     if mode == "naive":
         naive_skip_last_microbatch(model, naive_from_step)
     mtp_before = {

@@ -70,7 +70,7 @@ def test_a_skip_gives_the_trunks_logits_bit_for_bit_and_its_gradients_within_the
 @pytest.mark.skipif(not has_detach_field(), reason="+detach needs mtp_detach_heads (0.19 on)")
 def test_detach_leaves_the_trunk_gradients_those_of_a_skip_within_their_spread():
     model = build(seed=2)
-    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.megatron.clip_mtp_apart(model)
     mtp_hooks.attach(model)
     data = batch()
     mtp_hooks.configure("train=skip")
@@ -84,7 +84,7 @@ def test_detach_leaves_the_trunk_gradients_those_of_a_skip_within_their_spread()
 
 def test_freeze_mtp_keeps_every_mtp_tensor_over_adamw_steps():
     model = build(seed=3)
-    mtp_hooks.freeze_mtp(model)
+    mtp_hooks.megatron.freeze_mtp(model)
     before = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("mtp.")}
     before = {k: v for k, v in before.items() if torch.is_tensor(v)}
     mtp_hooks.attach(model)
@@ -199,7 +199,7 @@ def trained():
 def test_the_engine_drafts_the_same_tokens_with_the_library_attached(trained, k, policy):
     engine = trained.engines[k]
     if policy.startswith("train=run+detach"):
-        mtp_hooks.clip_mtp_apart(trained.model)
+        mtp_hooks.megatron.clip_mtp_apart(trained.model)
     plain = assert_attaching_changes_no_rollout(
         trained.model, policy, lambda: engine(trained.prompts, trained.args.gen)
     )

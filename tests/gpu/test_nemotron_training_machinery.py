@@ -95,7 +95,7 @@ def test_detach_is_refused_under_live_local_graphs_and_holds_once_they_are_toggl
     from megatron.core.transformer.utils import toggle_cuda_graphs
 
     model = local_graphs(seed=21)
-    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.megatron.clip_mtp_apart(model)
     mtp_hooks.configure("train=run+detach,eval=skip")
     with pytest.raises(mtp_hooks.UnsupportedModelError, match="CUDA graphs"):
         mtp_hooks.attach(model)
@@ -212,7 +212,7 @@ def test_frozen_mtp_weights_come_back_bit_for_bit_from_megatrons_distributed_che
     from megatron.core import dist_checkpointing
 
     model = build(seed=25)
-    mtp_hooks.freeze_mtp(model)
+    mtp_hooks.megatron.freeze_mtp(model)
     before = {k: v.clone() for k, v in model.state_dict().items() if torch.is_tensor(v)}
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=run")

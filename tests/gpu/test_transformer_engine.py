@@ -204,7 +204,7 @@ def test_decisions_changing_between_steps_train_and_leave_skipped_mtp_still(kind
 
 def test_freeze_mtp_keeps_te_mtp_weights_bit_identical_while_mtp_trains_the_trunk(kind):
     model = build(kind)
-    frozen = mtp_hooks.freeze_mtp(model)
+    frozen = mtp_hooks.megatron.freeze_mtp(model)
     assert frozen and all(n.startswith("mtp.") for n in frozen)
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=run")
@@ -259,7 +259,7 @@ def test_a_loss_weight_scales_the_mtp_gradients_of_te_modules(kind):
 @pytest.mark.parametrize("recipe", ["bf16", "tensorwise"])
 def test_a_detached_mtp_forward_leaves_the_trunk_gradients_of_a_skip_on_te_modules(kind, recipe):
     model = build(kind, recipe=recipe)
-    mtp_hooks.clip_mtp_apart(model)
+    mtp_hooks.megatron.clip_mtp_apart(model)
     mtp_hooks.attach(model)
     ids, pos, labels = batch()
     model.train()
@@ -285,7 +285,7 @@ def test_a_detached_mtp_forward_leaves_the_trunk_gradients_of_a_skip_on_te_modul
 
 def test_freeze_trunk_keeps_the_te_trunk_bit_identical_while_mtp_trains(kind):
     model = build(kind)
-    frozen = mtp_hooks.freeze_trunk(model)
+    frozen = mtp_hooks.megatron.freeze_trunk(model)
     assert frozen and not any(n.startswith("mtp.") for n in frozen)
     mtp_hooks.attach(model)
     mtp_hooks.configure("train=run")

@@ -3,9 +3,9 @@
 With ``freeze_mtp`` on, the MTP forward and loss are skipped for both the ``teacher`` and the
 ``student`` in every phase, while the MTP weights stay in ``state_dict``, checkpoints and exports
 (ModelOpt #2141 showed that dropping the heads breaks checkpoint loading). Together with
-:func:`mtp_hooks.freeze_mtp` on the student, its MTP weights stay bit-identical across optimizer
-steps. Teacher forwards nested inside the student's forward, as ``DistillationModel`` runs them,
-each get their own decision and restore.
+:func:`mtp_hooks.megatron.freeze_mtp` on the student, its MTP weights stay bit-identical across
+optimizer steps. Teacher forwards nested inside the student's forward, as ``DistillationModel``
+runs them, each get their own decision and restore.
 """
 
 from __future__ import annotations
@@ -84,6 +84,6 @@ def prepare_distillation(student: Any, teacher: Any, *, freeze_mtp: bool = True)
     """
     configure(freeze_mtp=freeze_mtp)
     if freeze_mtp:
-        mtp_hooks.freeze_mtp(student)
-        mtp_hooks.freeze_mtp(teacher)
+        mtp_hooks.megatron.freeze_mtp(student)
+        mtp_hooks.megatron.freeze_mtp(teacher)
     return [mtp_hooks.attach(student, role="student"), mtp_hooks.attach(teacher, role="teacher")]
