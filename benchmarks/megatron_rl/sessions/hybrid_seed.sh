@@ -7,9 +7,10 @@
 # ARMS lists the arms as ARM:K, most needed first, so that a session cut short loses the last.
 # The default is H with k=2 and k=0 (the rollout-speed goal): with staging, three arms of 5
 # minutes do not fit 30 device minutes, so a seed's M with k=2 (the step and acceptance goals)
-# runs in the next session, ARMS="M:2", with the same seed (pretraining is the same every
-# time). Each arm ends by its step count or by megatron's own
-# time limit (ARM_MINUTES, counted from the arm's start, its start-up included).
+# runs in the next session, ARMS="M:2", with the same seed (pretraining is seeded; compare its
+# logged losses between the two sessions, since MoE kernels and the time limit may differ).
+# Each arm ends by its step count or by megatron's own time limit (ARM_MINUTES, counted from
+# the arm's start, its start-up included).
 set -uo pipefail
 RUN="$(cd "$(dirname "$0")/.." && pwd)/run.sh"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
