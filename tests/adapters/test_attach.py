@@ -295,6 +295,12 @@ def toggled_off(model):
     utils = pytest.importorskip("megatron.core.transformer.utils")
     if not hasattr(utils, "toggle_cuda_graphs"):
         pytest.skip("toggle_cuda_graphs came in megatron-core 0.19")
+    # megatron caches each model's graph attributes under id(model) and never drops an entry:
+    # a model of an earlier test, freed, can leave its id to this one, and toggling would then
+    # delete that old model's managers and keep this one's (seen once in CI, on 0.18.2)
+    cache = getattr(utils, "cuda_graph_attr_cache", None)
+    if isinstance(cache, dict):
+        cache.pop(id(model), None)
     utils.toggle_cuda_graphs(model, "none")
     model.config.cuda_graph_impl = "local"
     return model
