@@ -97,9 +97,11 @@ def _installed_megatron_refusal(entries: dict[Any, Any]) -> str | None:
         return None
     from megatron.core.transformer.transformer_config import TransformerConfig
 
-    from .megatron import _capabilities
+    from .megatron import _refusals
 
-    if _capabilities.has_detach_field(TransformerConfig):
+    # attach's own reason, for any model of this megatron-core (graphs aside: a file has none)
+    reason = _refusals.detach_refusal(TransformerConfig, graphs=None)
+    if reason is None:
         return None
     try:
         from megatron.core.package_info import __version__ as version
@@ -107,9 +109,7 @@ def _installed_megatron_refusal(entries: dict[Any, Any]) -> str | None:
         version = "of this environment"
     return (
         f"{', '.join(detaching)}: +detach (and +objective:kl or tv, which need it) will be "
-        f"refused at attach: the installed megatron-core {version} has no mtp_detach_heads "
-        "field, which came in 0.19 (0.17 and later need Python 3.12). Upgrade megatron-core, "
-        "or drop '+detach' for this environment"
+        f"refused at attach by the installed megatron-core {version}: {reason}"
     )
 
 
