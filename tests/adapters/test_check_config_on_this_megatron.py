@@ -5,27 +5,19 @@ that need it) is refused at attach where ``TransformerConfig`` has no ``mtp_deta
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-
-def check_config(policy: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    return subprocess.run(
-        [sys.executable, "-m", "mtp_hooks", "check-config", "--policy", policy],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+from command_line import cli
 
 
 def test_check_config_fails_a_detach_this_megatron_core_would_refuse_at_attach():
     detaches = "mtp_detach_heads" in {f.name for f in dataclasses.fields(TransformerConfig)}
-    out = check_config("train=run+detach+objective:kl,teacher.train=run+detach,eval=skip")
+    out = cli(
+        "check-config",
+        "--policy",
+        "train=run+detach+objective:kl,teacher.train=run+detach,eval=skip",
+    )
     assert "valid (3 entries)" in out.stdout
     if detaches:
         assert out.returncode == 0 and "refused" not in out.stderr
@@ -36,5 +28,5 @@ def test_check_config_fails_a_detach_this_megatron_core_would_refuse_at_attach()
 
 
 def test_check_config_passes_a_policy_without_detach_on_every_megatron_core():
-    out = check_config("train=run,eval=run+metrics")
+    out = cli("check-config", "--policy", "train=run,eval=run+metrics")
     assert out.returncode == 0 and "refused" not in out.stderr and "not checked" not in out.stdout

@@ -14,17 +14,7 @@ import pytest
 
 import mtp_hooks
 
-
-def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("MTP_HOOKS_")}
-    full_env.update(env or {})
-    return subprocess.run(
-        [sys.executable, "-m", "mtp_hooks", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=120,
-    )
+from command_line import cli
 
 
 @pytest.fixture
