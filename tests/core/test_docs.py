@@ -97,6 +97,26 @@ def test_every_docs_page_is_in_the_sites_table_of_contents():
     assert pages <= listed
 
 
+def test_every_code_line_of_the_docs_fits_the_column_the_site_gives_it():
+    """Headless Chromium at 1280 px, with conf.py's theme options, fits 102 columns of code in
+    the body's column (13.6 px monospace, 960 px body); alabaster's defaults fit about 80, and
+    cut the rest of each line. The code keeps to 100 columns, as ruff checks it."""
+    conf = ast.parse((ROOT / "docs" / "conf.py").read_text())
+    (options,) = [
+        ast.literal_eval(node.value)
+        for node in conf.body
+        if isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "html_theme_options"
+    ]
+    assert options["page_width"] == "1180px" and options["body_max_width"] == "none"
+    assert options["code_font_size"] == "0.8em"
+    too_long = []
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        # {eval-rst} blocks are directives for Sphinx, not code shown on the page
+        for block in re.findall(r"```(?!\{eval-rst\})[^\n]*\n(.*?)```", page.read_text(), re.S):
+            too_long += [f"{page.name}: {line}" for line in block.splitlines() if len(line) > 100]
+    assert too_long == []
+
+
 def test_the_docs_site_takes_its_name_version_and_copyright_holder_from_pyproject():
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+, as the docs session has
     import runpy
