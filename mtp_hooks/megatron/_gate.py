@@ -11,9 +11,10 @@ The gate keeps the facts fixed at attach time (the native flag, where inference 
 passed, the tied-embedding hazard, CUDA graphs, DDP), a plan per phase (:mod:`._phase_plan`),
 and the call stack (:mod:`._call_stack`): every call pushes one record naming the interpreter
 frame that runs it, so the gate can repair interrupted calls, tell threads apart and defer
-removal until running calls return. ``+metrics`` also asks :mod:`._recorder` to measure the
-call's MTP. The gates are plain instance attributes, written with ``object.__setattr__``
-(``nn.Module``'s ends in the same).
+removal until running calls return. What a call asks beyond its run or skip (a loss mask,
+``+metrics``, ``+objective``) is a per-call extension (:mod:`._call_extensions`), begun once
+the call is planned and ended once its gates are back. The gates are plain instance
+attributes, written with ``object.__setattr__`` (``nn.Module``'s ends in the same).
 
 Both hooks run at every forward, so they are written for speed (docs/benchmarks.md): globals
 bound once, the plan cached per phase, one lock per call unless the call changes a gate, and
@@ -51,23 +52,24 @@ from . import (
     _capabilities,
     _cuda_graphs,
     _ddp_settling,
-    _loss_masking,
+    _phase_counters,
     _phase_plan,
     _refusals,
     _standalone,
 )
+from ._call_extensions import Extensions
 from ._call_stack import CONFIG as _CONFIG
 from ._call_stack import MTP_PROCESS as _MTP_PROCESS
 from ._call_stack import Gates, call_record, gates
 from ._capabilities import NATIVE_FLAG as _NATIVE_FLAG
 from ._config_view import Views
 from ._config_view import config_view as _config_view
-from ._phase_plan import DETACHED as _DETACHED
-from ._phase_plan import RUN as _RUN
-from ._phase_plan import SKIP as _SKIP
-from ._phase_plan import UNTOUCHED as _UNTOUCHED
+from ._loss_masking import LossMasks as _LossMasks
+from ._phase_counters import DETACHED as _DETACHED
+from ._phase_counters import RUN as _RUN
+from ._phase_counters import SKIP as _SKIP
+from ._phase_counters import UNTOUCHED as _UNTOUCHED
 from ._phase_plan import PhasePlan
-from .drafting import _objectives, _projections, _recorder
 
 _get_ident = threading.get_ident
 _getframe = sys._getframe
@@ -124,15 +126,13 @@ class MTPGate:
     def _start_fresh(self) -> None:
         """The state a gate starts with, and a deep copy's gate starts over with."""
         self.policy_checked = -1  # the generation whose policy was checked against the model
-        self.counts: dict[Any, list[int]] = {}  # phase -> its counters (_phase_plan.COUNTED)
+        self.counts: dict[Any, list[int]] = {}  # phase -> its counters (_phase_counters.COUNTED)
         self.cache: dict[Any, PhasePlan] = {}  # phase -> its plan
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
-        self.recorder: _recorder.Recorder | None = None  # made by the first +metrics plan
-        self.objectives: _objectives.Objectives | None = None  # by the first +objective call
-        self.projections: _projections.Projections | None = None  # what both of them read
-        self.hooked = False  # either exists: the post-hook's one check for both
         self.views = Views()  # the configs skipped and re-weighted calls run with
         self.lock = threading.Lock()
+        self.extensions = Extensions(self.lock)  # each kind made by its first call
+        self.ending = self.extensions.ending  # those with an end: the forward hook's one check
         self.removed = False
 
     def __deepcopy__(self, memo: dict[int, Any]) -> MTPGate:
@@ -297,44 +297,12 @@ class MTPGate:
             _refusals.check_callers_own_skip(module, plan)
             plan.counters[_UNTOUCHED] += 1
             return None
-        if plan.masking or (_open_blocks[0] and plan.run and _loss_masks.context_masks()):
-            _loss_masking.apply(self.lock, module, plan, args, kwargs)  # before +metrics reads it
-        if plan.hooked:  # one flag on the hot path for the two rarer options
-            if plan.metrics:  # +metrics: ask model.mtp's output to be measured
-                self.recorder = self.recorder or _recorder.Recorder(module, self.projected(module))
-                self.recorder.request(module, plan.phase, args, kwargs)
-                self.hooked = True
-            if plan.objective is not None and _grad_enabled():  # +objective: the projections
-                self._request_objective(module, plan, args, kwargs)
-                self.hooked = True
+        extensions = plan.extensions
+        if _open_blocks[0] and plan.run and not plan.masking and _loss_masks.context_masks():
+            extensions = (_LossMasks, *extensions)  # an mtp_loss_mask block's mask
+        if extensions:
+            self.extensions.begin(extensions, module, plan, args, kwargs, self.base[_CONFIG])
         return plan
-
-    def projected(self, module: torch.nn.Module) -> _projections.Projections:
-        """The watcher of megatron's output-layer projections that ``+metrics`` and
-        ``+objective`` share, made at the first call that needs it."""
-        if self.projections is None:
-            self.projections = _projections.Projections(module)
-        return self.projections
-
-    def _request_objective(
-        self,
-        module: torch.nn.Module,
-        plan: PhasePlan,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> None:
-        """Open this call's objective (:mod:`._objectives`), weighted as megatron would weight
-        its MTP loss: the decision's weight, else the model's own."""
-        request = _recorder.loss_request(module, plan.phase, args, kwargs)
-        if request is None:  # megatron computes no MTP loss in this call: nothing to replace
-            return
-        assert plan.objective is not None
-        kind, temperature = plan.objective
-        factor = plan.loss_scale
-        if factor is None:
-            factor = self.base[_CONFIG].mtp_loss_scaling_factor
-        self.objectives = self.objectives or _objectives.Objectives(self.projected(module))
-        self.objectives.request(module, _objectives.Call(request, kind, temperature, factor))
 
     def post_hook(
         self,
@@ -376,12 +344,10 @@ class MTPGate:
                     lock.release()
             if self.removed:
                 self._finish_removal()
-        if self.hooked:
-            if self.recorder is not None:
-                self.recorder.end(module, completed=output is not None)
-            if self.objectives is not None and (loss := self.objectives.end()) is not None:
-                if output is not None:  # the objective rides on the output into the backward
-                    return _objectives.attach(output, loss)
+        if self.ending:
+            replaced = self.extensions.end(module, output)
+            if replaced is not None:  # an objective rides on the output into the backward
+                return replaced
         if top is not None and top[_SETTLE] and output is not None:
             return self.ddp.after_skipped_forward(output)
         return None
@@ -508,10 +474,8 @@ class MTPGate:
         """Step 1: put back what calls a ``KeyboardInterrupt`` ended left on the model."""
         with self.lock:
             interrupted = _call_stack.prune(self.records, module, None)
-        if interrupted and self.recorder is not None:
-            self.recorder.cancel()  # the metrics request the interrupted call left
-        if interrupted and self.objectives is not None:
-            self.objectives.end()  # the objective the interrupted call left open
+        if interrupted:
+            self.extensions.cancel()  # a metrics request, an objective the call left open
 
     def _finish_removal(self) -> None:
         """Remove both hooks once no call of the model is running (called by removal, and by
@@ -523,10 +487,7 @@ class MTPGate:
                     handle.remove()
                 self.handles = []
         if idle:  # what interrupted calls left: their metrics requests, their open objectives
-            if self.recorder is not None:
-                self.recorder.drop_all()
-            if self.objectives is not None:
-                self.objectives.drop_all()
+            self.extensions.drop_all()
         _runtime.current.listeners.discard(self)
 
     # -- full-iteration CUDA graphs ------------------------------------------------------------
@@ -545,7 +506,7 @@ class MTPGate:
         """The counters of ``phase`` (made at its first call)."""
         counters = self.counts.get(phase)
         if counters is None:  # threads planning a new phase at once must share one list
-            counters = self.counts.setdefault(phase, _phase_plan.new_counters())
+            counters = self.counts.setdefault(phase, _phase_counters.new_counters())
         return counters
 
 

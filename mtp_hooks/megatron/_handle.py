@@ -8,7 +8,7 @@ megatron-core.
 from __future__ import annotations
 
 import weakref
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from .. import _roles, _runtime
 from .._metrics import MTPMetrics
@@ -65,7 +65,7 @@ class AttachHandle:
         Example: ``{"train": {"run": 3, "detached": 3, "loss_scale": 0.3}, "eval": {"skip": 1}}``.
         After :meth:`remove` the handle gates nothing, and this is ``{}``.
         """
-        from ._phase_plan import COUNTED
+        from ._phase_counters import COUNTED
 
         out: dict[str, dict[str, float]] = {}
         for gate in self.gates:
@@ -90,7 +90,8 @@ class AttachHandle:
         """
         from .drafting import _recorder
 
-        recorders = [gate.recorder for gate in self.gates if gate.recorder is not None]
+        made = (gate.extensions.get(_recorder.Recorder) for gate in self.gates)
+        recorders = [cast(_recorder.Recorder, r) for r in made if r is not None]
         return _recorder.running_means(recorders, reset)
 
     def remove(self) -> None:

@@ -12,7 +12,7 @@ is refused raises before its forward starts.
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -21,16 +21,48 @@ from .._errors import UnsupportedModelError, about
 from .._plugin_registry import registry as _registry
 from . import _capabilities, _refusals
 from ._capabilities import call_arguments, mtp_loss_derives_labels, takes_loss_mask
-from ._phase_plan import MASKED
+from ._phase_counters import MASKED
 
 if TYPE_CHECKING:
-    from ._phase_plan import PhasePlan
+    from ._call_extensions import Extensions, PlannedCall
+
+
+class LossMasks:
+    """The per-call extension that sets a call's ``loss_mask`` (:mod:`._call_extensions`):
+    begun where the plan masks (``+mask:labels``, plugins' masks) or a
+    :func:`mtp_hooks.mtp_loss_mask` block is open. It changes only the call's own keyword
+    arguments, so there is nothing to end."""
+
+    ends: ClassVar[bool] = False
+
+    def __init__(self, module: torch.nn.Module, extensions: Extensions) -> None:
+        self.lock = extensions.lock
+
+    def begin(
+        self,
+        module: torch.nn.Module,
+        plan: PlannedCall,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        config: Any,
+    ) -> None:
+        """Set this call's ``loss_mask`` (:func:`apply`)."""
+        apply(self.lock, module, plan, args, kwargs)
+
+    def end(self, module: torch.nn.Module, output: Any) -> None:
+        """Nothing to end: the mask went with the call's keyword arguments."""
+
+    def cancel(self) -> None:
+        """Nothing to drop."""
+
+    def drop_all(self) -> None:
+        """Nothing to drop."""
 
 
 def apply(
     lock: threading.Lock,
     module: torch.nn.Module,
-    plan: PhasePlan,
+    plan: PlannedCall,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> None:
@@ -52,7 +84,7 @@ def apply(
 def _apply(
     lock: threading.Lock,
     module: torch.nn.Module,
-    plan: PhasePlan,
+    plan: PlannedCall,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
 ) -> None:

@@ -17,19 +17,14 @@ from .._forward_call import ForwardCall
 from .._plugin_registry import registry
 from .._policy_entry import plan_fields
 from . import _cuda_graphs, _rank_agreement, _refusals
+from ._call_extensions import Kind
 from ._config_view import Changes
+from ._loss_masking import LossMasks
+from .drafting._objectives import Objectives
+from .drafting._recorder import Recorder
 
 if TYPE_CHECKING:
     import torch
-
-# A phase's counters, one list per (gate, phase) counted in place: the slots and their names.
-RUN, SKIP, UNTOUCHED, DETACHED, MASKED = range(5)
-COUNTED: Final = ("run", "skip", "untouched", "detached", "masked")
-
-
-def new_counters() -> list[int]:
-    """A phase's counters, all zero (:data:`COUNTED` names the slots)."""
-    return [0] * len(COUNTED)
 
 
 @dataclasses.dataclass(slots=True)
@@ -46,7 +41,7 @@ class PhasePlan:
     run: bool
     """Whether MTP runs."""
     counters: list[int]
-    """The phase's counters (:data:`COUNTED`), counted in place."""
+    """The phase's counters (:data:`._phase_counters.COUNTED`), counted in place."""
     loss_scale: float | None
     """The MTP loss weight for this phase, or ``None``: the model's own."""
     metrics: bool
@@ -65,8 +60,10 @@ class PhasePlan:
     """``(kind, temperature)`` when MTP trains toward the policy (``+objective:kl``): megatron's
     own weight is 0 for the call and :mod:`.drafting._objectives` adds the objective, else
     ``None``."""
-    hooked: bool = False
-    """``metrics`` or ``objective``: the call opens a hook of its own (read per call)."""
+    extensions: tuple[Kind, ...] = ()
+    """The per-call extensions its calls begin, in order (:mod:`._call_extensions`): the mask
+    (``masking``), then ``+metrics``' recorder, then ``+objective``'s objectives (read per
+    call)."""
 
     def plainly(self, run: bool) -> PhasePlan:
         """This plan with ``run`` and none of its options: what a standalone layout's loss
@@ -92,9 +89,9 @@ reads this list, so an option declared there is refused there too
 (tests/adapters/test_ep_overlap.py fails on a plan field that is in neither this list,
 :data:`DERIVED` nor :data:`BOOKKEEPING`)."""
 
-DERIVED: Final[dict[str, Any]] = {"changes": None, "masking": False, "hooked": False}
+DERIVED: Final[dict[str, Any]] = {"changes": None, "masking": False, "extensions": ()}
 """Plan fields that follow from :data:`OPTIONS` (the config fields to change, whether a call
-masks, whether it opens a hook of its own), at their plain values."""
+masks, the per-call extensions it begins), at their plain values."""
 
 BOOKKEEPING: Final = ("phase", "generation", "run", "counters")
 """Plan fields that are not options."""
@@ -177,6 +174,12 @@ def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> Ph
         changes.append(("mtp_detach_heads", True))
     masks = decision.run and decision.plugin_masks and registry().implements("mtp_loss_mask")
     ignore = decision.ignore_index if decision.run and decision.mask == "labels" else None
+    masking = masks or ignore is not None
+    extensions: list[Kind] = [LossMasks] if masking else []
+    if decision.metrics:
+        extensions.append(Recorder)
+    if objective is not None:
+        extensions.append(Objectives)
     return PhasePlan(
         phase=phase,
         generation=generation,
@@ -188,7 +191,7 @@ def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> Ph
         changes=tuple(changes) or None,
         masks=masks,
         ignore_index=ignore,
-        masking=masks or ignore is not None,
+        masking=masking,
         objective=objective,
-        hooked=decision.metrics or objective is not None,
+        extensions=tuple(extensions),
     )

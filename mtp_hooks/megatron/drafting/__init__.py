@@ -15,6 +15,7 @@ What the recorder measures leaves the wing as :class:`mtp_hooks.MTPMetrics`, thr
 other plugin observe the drafter, per call, without torch. What a megatron-core can do here is
 probed in :mod:`mtp_hooks.megatron._capabilities`, the adapters' one room for probes.
 
-Nothing here is public: the gate (:mod:`mtp_hooks.megatron._gate`) opens a call's recorder and
-objectives, and the handle reads the recorders.
+Nothing here is public. The recorder and the objectives are per-call extensions
+(:mod:`mtp_hooks.megatron._call_extensions`): a phase's plan lists them, the gate begins and
+ends them around each call without knowing either, and the handle reads the recorders.
 """

@@ -18,21 +18,8 @@ from megatron.core.transformer import multi_token_prediction as _mtp
 from ..._metrics import MTPMetrics
 from . import _vocab_parallel
 from ._engine_walk import engine_walk, expected_walk
+from ._loss_request import Request
 from ._single_position import single_position_logits
-
-
-@dataclass
-class Request:
-    """What one forward that records hands to :func:`depth_values`: its phase and the
-    arguments megatron's MTP loss reads."""
-
-    phase: Any
-    labels: torch.Tensor | None
-    loss_mask: torch.Tensor | None
-    input_ids: torch.Tensor | None
-    packed_seq_params: Any
-    runtime_gather_output: bool | None
-    position_ids: torch.Tensor | None = None
 
 
 def roller(model: Any, request: Request) -> Callable[[torch.Tensor], Any]:

@@ -32,15 +32,18 @@ from __future__ import annotations
 import copy
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from megatron.core.transformer import multi_token_prediction as _mtp
 
 from ..._errors import UnsupportedModelError
 from . import _depth_figures, _vocab_parallel
-from ._depth_figures import Request
-from ._projections import Projections
+from ._loss_request import Request, loss_request
+from ._projections import shared
+
+if TYPE_CHECKING:
+    from .._call_extensions import Extensions, PlannedCall
 
 
 @dataclass
@@ -59,26 +62,58 @@ class Call:
 
 class Objectives:
     """The objective calls of one gated model, by thread; they hear megatron's projections
-    through the model's :class:`~._projections.Projections` while a call is open."""
+    through the model's :class:`~._projections.Projections` while a call is open. The per-call
+    extension of ``+objective`` (:mod:`mtp_hooks.megatron._call_extensions`)."""
 
-    def __init__(self, projections: Projections) -> None:
-        self.projections = projections
+    ends: ClassVar[bool] = True
+
+    def __init__(self, model: torch.nn.Module, extensions: Extensions) -> None:
+        self.projections = shared(model, extensions)
         self.lock = threading.Lock()
         self.calls: dict[int, Call] = {}
 
-    def request(self, model: Any, call: Call) -> None:
-        """Open ``call`` for this thread's forward of ``model``, starting now."""
+    def begin(
+        self,
+        model: Any,
+        plan: PlannedCall,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        config: Any,
+    ) -> None:
+        """Open this thread's call of ``model`` (starting now), weighted as megatron would
+        weight its MTP loss: the plan's weight, else the model's own (``config``). A call
+        without autograd, or whose MTP loss megatron does not compute, opens nothing."""
+        if not torch.is_grad_enabled() or plan.objective is None:
+            return
+        request = loss_request(model, plan.phase, args, kwargs)
+        if request is None:  # megatron computes no MTP loss in this call: nothing to replace
+            return
+        kind, temperature = plan.objective
+        factor = plan.loss_scale
+        if factor is None:
+            factor = config.mtp_loss_scaling_factor
         with self.lock:
-            self.calls[threading.get_ident()] = call
+            self.calls[threading.get_ident()] = Call(request, kind, temperature, factor)
         self.projections.listen(model, self)
 
-    def end(self) -> torch.Tensor | None:
-        """Close this thread's call, whether or not its forward completed; return the objective
-        it computed, if it got that far."""
+    def end(self, model: Any, output: Any) -> Any:
+        """Close this thread's call, whether or not its forward completed; return the output
+        carrying the objective it computed into the backward, if it got that far."""
+        loss = self.close()
+        if loss is None or output is None:
+            return None
+        return attach(output, loss)
+
+    def close(self) -> torch.Tensor | None:
+        """Close this thread's call; the objective it computed, if any."""
         with self.lock:
             call = self.calls.pop(threading.get_ident(), None)
         self.projections.stop(self)
         return None if call is None else call.loss
+
+    def cancel(self) -> None:
+        """Close the call an interrupted forward of this thread left open."""
+        self.close()
 
     def drop_all(self) -> None:
         """Close every call (no call of the model runs: what interrupted calls left)."""

@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import threading
 import weakref
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
-__all__ = ["Listener", "Projections"]
+if TYPE_CHECKING:
+    from .._call_extensions import Extensions
+
+__all__ = ["Listener", "Projections", "shared"]
 
 
 class Listener(Protocol):
@@ -119,3 +122,14 @@ class Projections:
         new = object.__new__(Projections)
         new._model, new.lock, new.threads, new.handle = self._model, threading.Lock(), {}, None
         return new
+
+
+def shared(model: torch.nn.Module, extensions: Extensions) -> Projections:
+    """The watcher of ``model``'s projections that its gate's extensions share (``+metrics``
+    and ``+objective`` read the same projections), made by the first that needs it.
+    ``extensions``: the gate's :class:`~mtp_hooks.megatron._call_extensions.Extensions`, whose
+    lock is held while a kind is made."""
+    projections = extensions.shared.get("projections")
+    if projections is None:
+        projections = extensions.shared["projections"] = Projections(model)
+    return cast(Projections, projections)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import copy
 import threading
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
@@ -24,49 +24,33 @@ from ... import _roles
 from ..._errors import about
 from ..._metrics import MTPMetrics
 from ..._plugin_registry import registry as _registry
-from .. import _capabilities
 from ._depth_figures import (
     Drafts,
-    Request,
     add_by_depth,
     depth_values,
     sampled_values,
     to_metrics,
 )
-from ._projections import Projections
+from ._loss_request import Request, loss_request
+from ._projections import shared
 
-__all__ = ["Recorder", "loss_request", "running_means"]
+if TYPE_CHECKING:
+    from .._call_extensions import Extensions, PlannedCall
 
-
-def loss_request(
-    model: Any, phase: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
-) -> Request | None:
-    """What megatron's MTP loss reads from this call of ``model``, or ``None`` where it
-    computes none: no MTP or output layer on this pipeline stage, or no labels to take or
-    derive."""
-    if not getattr(model, "post_process", True) or getattr(model, "mtp", None) is None:
-        return None
-    bound = _capabilities.call_arguments(model, args, kwargs)
-    labels, input_ids = bound.get("labels"), bound.get("input_ids")
-    if labels is None and not (_capabilities.mtp_loss_derives_labels() and input_ids is not None):
-        return None
-    return Request(
-        phase,
-        labels,
-        bound.get("loss_mask"),
-        input_ids,
-        bound.get("packed_seq_params"),
-        bound.get("runtime_gather_output"),
-        bound.get("position_ids"),
-    )
+__all__ = ["Recorder", "running_means"]
 
 
 class Recorder:
-    """The metrics of one gated model: pending requests by thread, and totals by phase."""
+    """The metrics of one gated model: pending requests by thread, and totals by phase. The
+    per-call extension of ``+metrics`` (:mod:`mtp_hooks.megatron._call_extensions`): a call
+    begins a request, and its end adds what it recorded."""
 
-    def __init__(self, model: torch.nn.Module, projections: Projections) -> None:
+    ends: ClassVar[bool] = True
+
+    def __init__(self, model: torch.nn.Module, extensions: Extensions) -> None:
         self._model = weakref.ref(model)
-        self.projections = projections  # the policy's projection, which the sampled figures read
+        # the policy's projection, which the sampled figures read
+        self.projections = shared(model, extensions)
         self.lock = threading.Lock()
         self.pending: dict[int, Request] = {}
         # thread -> (phase, forward values, the same in float64): what a running forward
@@ -77,11 +61,16 @@ class Recorder:
         # thread -> (request, drafts) between the MTP block's output and the policy's projection
         self.waiting: dict[int, tuple[Request, Drafts]] = {}
 
-    def request(
-        self, model: Any, phase: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    def begin(
+        self,
+        model: Any,
+        plan: PlannedCall,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        config: Any,
     ) -> None:
         """Ask for this thread's forward of ``model`` (starting now) to be recorded."""
-        request = loss_request(model, phase, args, kwargs)
+        request = loss_request(model, plan.phase, args, kwargs)
         if request is None:
             return
         with self.lock:
@@ -133,15 +122,15 @@ class Recorder:
             if done is not None:
                 self.done[thread] = (done[0], done[1] + extra, done[2] + extra.double())
 
-    def end(self, model: torch.nn.Module, completed: bool) -> None:
+    def end(self, model: torch.nn.Module, output: Any) -> None:
         """End this thread's forward: drop its unanswered request; add what a completed forward
         recorded to the totals and hand it to the plugins' ``mtp_metrics`` (converting only if
-        one listens). A forward that raised counts for nothing."""
+        one listens). A forward that raised (``output`` ``None``) counts for nothing."""
         with self.lock:
             done = self.done.pop(threading.get_ident(), None)
         self.cancel()
-        if done is None or not completed:
-            return
+        if done is None or output is None:
+            return None
         phase, values, exact = done
         with self.lock:
             sums, forwards = self.totals.get(phase, (None, 0))
@@ -150,6 +139,7 @@ class Recorder:
         if registry.implements("mtp_metrics"):
             with about(phase=str(phase), role=_roles.role_of(model)):
                 registry.report_metrics(model, phase, to_metrics(values, 1))
+        return None
 
     def drop_all(self) -> None:
         """Drop every request and what it recorded, and the hook (no call of the model runs:

@@ -1,0 +1,138 @@
+"""The per-call extension contract, on real models: what the gate promises every kind of
+extension (a loss mask, ``+metrics``, ``+objective``, and whatever comes next), observed with
+a kind that writes down each call it gets, put into a real phase plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+import pytest
+import torch
+
+import mtp_hooks
+from mtp_hooks.megatron._call_extensions import Extensions
+
+
+class Spy:
+    """A kind that writes down each call: (what, the model's mtp_process at the time, ...)."""
+
+    ends = True
+    made: list[Spy] = []
+
+    def __init__(self, model: torch.nn.Module, extensions: Extensions) -> None:
+        self.calls: list[tuple] = []
+        Spy.made.append(self)
+
+    def begin(self, module, plan, args, kwargs, config) -> None:
+        self.calls.append(("begin", module.mtp_process, module.config is config, plan.phase))
+
+    def end(self, module, output):
+        self.calls.append(("end", module.mtp_process, output is None))
+        return None if output is None else output + 1  # an output handed on in its place
+
+    def cancel(self) -> None:
+        self.calls.append(("cancel",))
+
+    def drop_all(self) -> None:
+        self.calls.append(("drop_all",))
+
+
+@pytest.fixture
+def spied(build, batch):
+    """A model whose skipped eval forwards begin and end a :class:`Spy`, through a real plan;
+    and the arguments of a forward."""
+    Spy.made.clear()
+    model = build(0)
+    mtp_hooks.configure("eval=skip")
+    handle = mtp_hooks.attach(model)
+    gate = handle.gates[0]
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args())  # plans the phase, and caches the plan
+    (phase,) = gate.cache
+    gate.cache[phase] = dataclasses.replace(gate.cache[phase], extensions=(Spy,))
+    yield model, handle, batch.args()
+    handle.remove()
+
+
+def test_an_extension_begins_before_the_gates_change_and_ends_after_they_are_back(spied):
+    model, _, args = spied
+    config = model.config
+    with torch.no_grad():
+        model(*args)
+    (spy,) = Spy.made
+    # begun with the model's own config and mtp_process (before the skip), ended with them back
+    assert spy.calls == [("begin", True, True, "eval"), ("end", True, False)]
+    assert model.mtp_process is True and model.config is config
+
+
+def test_the_output_an_extension_hands_on_is_what_the_forward_returns(spied, build):
+    model, _, args = spied
+    with torch.no_grad():
+        given = model(*args)
+    reference = build(0)  # the same weights, no hooks: its logits are what the skip computes
+    reference.eval()
+    with torch.no_grad():
+        expected = reference(*args)
+    assert torch.equal(given, expected + 1)
+
+
+def test_a_forward_that_raised_ends_its_extensions_with_no_output(spied):
+    model, _, args = spied
+
+    def fail(*hook_args):
+        raise ValueError("stopped in the trunk")
+
+    stop = model.decoder.register_forward_pre_hook(fail)
+    with pytest.raises(ValueError), torch.no_grad():
+        model(*args)
+    stop.remove()
+    (spy,) = Spy.made
+    assert spy.calls == [("begin", True, True, "eval"), ("end", True, True)]
+
+
+def test_a_call_ctrl_c_interrupted_is_cancelled_at_the_next_call_and_removal_drops_the_rest(
+    spied,
+):
+    model, handle, args = spied
+
+    def interrupt(*hook_args):
+        raise KeyboardInterrupt
+
+    stop = model.decoder.register_forward_pre_hook(interrupt)
+    with pytest.raises(KeyboardInterrupt), torch.no_grad():
+        model(*args)  # torch calls no always_call hook for a KeyboardInterrupt
+    stop.remove()
+    (spy,) = Spy.made
+    assert spy.calls == [("begin", True, True, "eval")]
+    with torch.no_grad():
+        model(*args)
+    assert spy.calls[1:] == [("cancel",), ("begin", True, True, "eval"), ("end", True, False)]
+    handle.remove()
+    assert spy.calls[-1] == ("drop_all",)
+
+
+def test_threads_making_a_kinds_first_extension_at_once_share_one():
+    class Slow:
+        ends = False
+
+        def __init__(self, model, extensions) -> None:
+            time.sleep(0.01)  # wide enough for every thread to arrive before the first is done
+
+    extensions = Extensions(threading.Lock())
+    made = []
+    barrier = threading.Barrier(8)
+
+    def first_call() -> None:
+        barrier.wait()
+        made.append(extensions.made(Slow, None))
+
+    threads = [threading.Thread(target=first_call) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(made) == 8 and len({id(m) for m in made}) == 1
+    assert extensions.ending == []  # a kind with nothing to end is not asked at every end
