@@ -112,7 +112,7 @@ def _attach(
     from ._phase_plan import check_policy
 
     for gate, m in zip(gates, gated, strict=True):  # what the model's mode cannot follow
-        check_policy(gate, m, role if role is not None else _roles.role_of(m))
+        check_policy(gate.plans, m, role if role is not None else _roles.role_of(m))
     prior_roles = [_roles.role_of(m) for m in models]
     if role is not None:
         for m in models:

@@ -7,11 +7,12 @@ config, :mod:`._config_view`, never by changing the shared object). The forward 
 first and with ``always_call=True``, restores both before anything else, also when forward
 raises.
 
-The gate keeps the facts fixed at attach time (the native flag, where inference contexts are
-passed, the tied-embedding hazard, CUDA graphs, DDP), a plan per phase (:mod:`._phase_plan`),
-and the call stack (:mod:`._call_stack`): every call pushes one record naming the interpreter
-frame that runs it, so the gate can repair interrupted calls, tell threads apart and defer
-removal until running calls return. What a call asks beyond its run or skip (a loss mask,
+What a call is to do comes from the gate's planner (:mod:`._call_planning`: the model's
+execution mode, a plan per phase, the counters), before anything changes. The gate itself is
+the apply/restore core: it keeps the model's own gates, DDP's state and the call stack
+(:mod:`._call_stack`): every call pushes one record naming the interpreter frame that runs it,
+so the gate can repair interrupted calls, tell threads apart and defer removal until running
+calls return. What a call asks beyond its run or skip (a loss mask,
 ``+metrics``, ``+objective``) is a per-call extension (:mod:`._call_extensions`), begun once
 the call is planned and ended once its gates are back. The gates are plain instance
 attributes, written with ``object.__setattr__`` (``nn.Module``'s ends in the same).
@@ -40,35 +41,30 @@ import threading
 import weakref
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Final, cast
+from typing import Any, Final
 
 import torch
 
-from .. import _loss_masks, _phases, _runtime, _sources
+from .. import _loss_masks, _runtime
 from .._errors import UnsupportedModelError
-from .._forward_call import ForwardCall
 from . import (
     _call_stack,
     _capabilities,
     _cuda_graphs,
     _ddp_settling,
-    _phase_counters,
-    _phase_plan,
     _refusals,
-    _standalone,
 )
 from ._call_extensions import Extensions
+from ._call_planning import CallPlanner
 from ._call_stack import CONFIG as _CONFIG
 from ._call_stack import MTP_PROCESS as _MTP_PROCESS
 from ._call_stack import Gates, call_record, gates
-from ._capabilities import NATIVE_FLAG as _NATIVE_FLAG
 from ._config_view import Views
 from ._config_view import config_view as _config_view
 from ._loss_masking import LossMasks as _LossMasks
 from ._phase_counters import DETACHED as _DETACHED
 from ._phase_counters import RUN as _RUN
 from ._phase_counters import SKIP as _SKIP
-from ._phase_counters import UNTOUCHED as _UNTOUCHED
 from ._phase_plan import PhasePlan
 
 _get_ident = threading.get_ident
@@ -81,9 +77,6 @@ _SETTLE: Final = _call_stack.SETTLE
 _KWARGS: Final = _call_stack.KWARGS
 # dynamo tracing this hook (the guard); is_compiling covers torch versions without the former
 is_compiling = getattr(torch.compiler, "is_dynamo_compiling", torch.compiler.is_compiling)
-_grad_enabled = torch.is_grad_enabled
-_explicit_phase = _phases.explicit_phase.get  # the innermost phase() block, or None
-_TRAIN, _EVAL = _phases.Phase.TRAIN, _phases.Phase.EVAL
 _NO_MTP: Final = (("mtp_num_layers", None),)  # the config change of a skip
 _REMOVED: Final = object()  # post_hook's output where torch calls it as a hook without kwargs
 _open_blocks = _loss_masks.OPEN  # the context's masks are looked up only while blocks are open
@@ -94,30 +87,9 @@ class MTPGate:
 
     def __init__(self, model: torch.nn.Module, ddp: _ddp_settling.DDPState, verify: bool):
         self._model = weakref.ref(model)
-        self.cls: Any = cast(Any, type(model))  # hashable for the capability caches
-        self.native = _capabilities.native_flag(self.cls)
-        self.inference_names, self.inference_positions = _capabilities.inference_arguments(self.cls)
-        self.inference_from = min(self.inference_positions, default=sys.maxsize)
-        mode = _capabilities.inference_mode_class()
-        self.inference_active = None if mode is None else mode.is_active
-        self.tied_hazard = not self.native and _capabilities.tied_mtp_stage(model)
-        self.verify = verify
+        self.plans = CallPlanner(model, verify)  # what each call is to do, and the counters
         self.ddp = ddp
         self.base = gates(model.mtp_process, model.config)
-        graphs = _cuda_graphs.live_implementation(model)
-        self.loss_stage = _standalone.loss_stage(model)  # follows the MTP stage
-        self.standalone = _standalone.layout(model.config)
-        self.labels_at = _capabilities.labels_position(self.cls)
-        self.names = _capabilities.positional_names(self.cls)  # what a vote's call reads
-        self.local_graphs = (
-            graphs == "local" and not self.loss_stage and _cuda_graphs.mtp_layers_graphed(model)
-        )
-        self.full_graphs = graphs == "full_iteration"
-        if self.full_graphs:
-            _cuda_graphs.refuse_unfollowable_full_graphs()
-        self.ep_overlap = bool(getattr(model.config, "overlap_moe_expert_parallel_comm", False))
-        self.detach_refusal = _refusals.detach_refusal(model.config, graphs)
-        self.checks = verify or self.local_graphs  # a per-call check: plan at every call
         self.records: list[_call_stack.CallRecord] = []
         self.handles: list[torch.utils.hooks.RemovableHandle] = []
         self.on_copy: Callable[[MTPGate], None] | None = None  # set by attach: adopt a deepcopy
@@ -125,9 +97,6 @@ class MTPGate:
 
     def _start_fresh(self) -> None:
         """The state a gate starts with, and a deep copy's gate starts over with."""
-        self.policy_checked = -1  # the generation whose policy was checked against the model
-        self.counts: dict[Any, list[int]] = {}  # phase -> its counters (_phase_counters.COUNTED)
-        self.cache: dict[Any, PhasePlan] = {}  # phase -> its plan
         self.loss_scales: dict[Any, float] = {}  # phase -> the last weight a forward used
         self.views = Views()  # the configs skipped and re-weighted calls run with
         self.lock = threading.Lock()
@@ -152,6 +121,7 @@ class MTPGate:
         new = object.__new__(MTPGate)
         new.__dict__.update(self.__dict__)
         new._start_fresh()
+        new.plans = self.plans.copied()
         new._model = weakref.ref(copied_model)
         new.ddp = _ddp_settling.DDPState(copied_model, [])
         new.base = copy.deepcopy(self.base, memo)
@@ -191,9 +161,10 @@ class MTPGate:
     ) -> Any:
         """Decide for this call and apply it (a native-flag skip sets the flag in ``kwargs``).
 
-        Three steps: put back what interrupted calls left (rare), decide without the lock
-        (:meth:`_decide_call`), apply under it (below). ``owner``: the interpreter frame running
-        the call (found here when torch calls the hook; auto-attach passes its own).
+        Three steps: put back what interrupted calls left (rare), plan without the lock
+        (:meth:`._call_planning.CallPlanner.plan_call`) and begin the plan's extensions, apply
+        under the lock. ``owner``: the interpreter frame running the call (found here when
+        torch calls the hook; auto-attach passes its own).
 
         Raises:
             UnsupportedModelError: A skip that cannot be done safely; nothing is changed then.
@@ -211,7 +182,15 @@ class MTPGate:
         records = self.records
         if records:  # a running call (nesting, another thread) or an interrupted one
             self._repair(module)
-        plan = self._plan_call(module, args, kwargs, records)
+        # -- step 2, without the lock (a plugin may detach, or forward another model): this
+        # call's plan, or None to leave MTP alone; then the extensions the plan lists --
+        plan = self.plans.plan_call(module, args, kwargs, self.base if records else None)
+        if plan is not None:
+            extensions = plan.extensions
+            if _open_blocks[0] and plan.run and not plan.masking and _loss_masks.context_masks():
+                extensions = (_LossMasks, *extensions)  # an mtp_loss_mask block's mask
+            if extensions:
+                self.extensions.begin(extensions, module, plan, args, kwargs, self.base[_CONFIG])
         # -- step 3: apply, under the lock (acquire/release costs a third of a with-statement) --
         lock = self.lock
         lock.acquire()
@@ -242,67 +221,6 @@ class MTPGate:
                     records.append((thread, owner, None, False, kwargs))  # call_record(), inlined
         finally:
             lock.release()
-
-    def _plan_call(
-        self,
-        module: torch.nn.Module,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        records: list[_call_stack.CallRecord],
-    ) -> PhasePlan | None:
-        """Step 2, without the lock (a plugin may detach, or forward another model): the plan
-        of this call's phase, or ``None`` to leave MTP alone (inference, MTP off)."""
-        active = self.inference_active
-        inference = active is not None and active()
-        if kwargs and not inference:
-            for name in self.inference_names:
-                if name in kwargs and kwargs[name] is not None:
-                    inference = True
-        if len(args) > self.inference_from:
-            for index in self.inference_positions:
-                if index < len(args) and args[index] is not None:
-                    inference = True
-        if inference:
-            self.counters("inference")[_UNTOUCHED] += 1
-            return None
-        if records:  # the gates a running call set are not this call's
-            mtp_process, config = self.base[_MTP_PROCESS], self.base[_CONFIG]
-        else:
-            mtp_process, config = module.mtp_process, module.config
-        phase = _explicit_phase()
-        if phase is None:
-            phase = _TRAIN if module.training and _grad_enabled() else _EVAL
-        if not (mtp_process and config.mtp_num_layers):  # MTP is off, or on another stage
-            if not self.loss_stage:
-                return None
-            # a loss stage: its phase's plan, run or skip as the MTP stage did (never +metrics)
-            plan = _phase_plan.plan(self, module, phase, ForwardCall(args, kwargs, self.names))
-            ran = _standalone.mtp_ran(module, args, kwargs, self.labels_at)
-            if plan.run != ran:  # the MTP stage decided otherwise: do what it did, plainly
-                plan = plan.plainly(ran)
-        else:
-            cached = self.cache.get(phase)
-            runtime = _runtime.current  # while watching, generation() reads the sources
-            generation = _sources.generation() if runtime.watching else runtime.generation
-            if cached is None or cached.generation != generation or self.checks:
-                plan = _phase_plan.plan(self, module, phase, ForwardCall(args, kwargs, self.names))
-            else:
-                plan = cached
-        if self.native and plan.run and kwargs.get(_NATIVE_FLAG) is False:
-            # The caller turned MTP off for this call itself: its keyword wins, as an inference
-            # call's does, and a plan that asks more of the call than a skip is refused. Under a
-            # skip the plan goes on, its flag agreeing: the False may be an outer model's skip
-            # handed on with the keywords (ModelOpt runs its teacher inside the student's
-            # forward), and the skip must still hide the MTP depths from megatron's config.
-            _refusals.check_callers_own_skip(module, plan)
-            plan.counters[_UNTOUCHED] += 1
-            return None
-        extensions = plan.extensions
-        if _open_blocks[0] and plan.run and not plan.masking and _loss_masks.context_masks():
-            extensions = (_LossMasks, *extensions)  # an mtp_loss_mask block's mask
-        if extensions:
-            self.extensions.begin(extensions, module, plan, args, kwargs, self.base[_CONFIG])
-        return plan
 
     def post_hook(
         self,
@@ -437,14 +355,15 @@ class MTPGate:
     ) -> None:
         """Apply a skip (under the lock): the native flag, or the two instance gates."""
         settle = self.ddp.check_skip()
-        if not self.native and self.tied_hazard:
+        native = self.plans.native
+        if not native and self.plans.tied_hazard:
             _refusals.refuse_tied_stage_skip()
         if self.records and _call_stack.other_thread(self.records, thread):
             _call_stack.refuse_concurrent(self.records, module, "skip")
         counters[_SKIP] += 1
         self.records.append(call_record(thread, owner, current, settle, kwargs))
         _set(module, "config", self.views.get(self.base[_CONFIG], _NO_MTP))
-        if self.native:
+        if native:
             # The flag skips MTP and keeps mtp_process (the tied-embedding stage needs it); the
             # view tells everything that counts MTP heads (ModelOpt's loss) there are none.
             # torch builds a new kwargs dict for every call, so setting the flag in it reaches
@@ -493,7 +412,7 @@ class MTPGate:
     # -- full-iteration CUDA graphs ------------------------------------------------------------
     def listen(self) -> None:
         """With full-iteration graphs, follow every change of what decisions depend on."""
-        if self.full_graphs:
+        if self.plans.full_graphs:
             _runtime.current.listeners.add(self)
 
     def after_advance(self) -> None:
@@ -501,13 +420,6 @@ class MTPGate:
         megatron capture its full-iteration graphs again (:func:`._cuda_graphs.recapture`)."""
         if not self.removed and self._model() is not None:
             _cuda_graphs.recapture()
-
-    def counters(self, phase: Any) -> list[int]:
-        """The counters of ``phase`` (made at its first call)."""
-        counters = self.counts.get(phase)
-        if counters is None:  # threads planning a new phase at once must share one list
-            counters = self.counts.setdefault(phase, _phase_counters.new_counters())
-        return counters
 
 
 # -- under torch.compile ---------------------------------------------------------------------

@@ -69,7 +69,7 @@ class AttachHandle:
 
         out: dict[str, dict[str, float]] = {}
         for gate in self.gates:
-            for phase, counters in gate.counts.items():
+            for phase, counters in gate.plans.counts.items():
                 seen = out.setdefault(str(phase), {})
                 for what, n in zip(COUNTED, counters, strict=True):
                     if n:

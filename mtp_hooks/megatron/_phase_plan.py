@@ -98,7 +98,7 @@ BOOKKEEPING: Final = ("phase", "generation", "run", "counters")
 
 
 class Planner(_refusals.ExecutionMode, Protocol):
-    """What planning reads and keeps on a gate (``MTPGate`` has these)."""
+    """What planning reads and keeps (:class:`._call_planning.CallPlanner` has these)."""
 
     verify: bool
     policy_checked: int
@@ -175,11 +175,11 @@ def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> Ph
     masks = decision.run and decision.plugin_masks and registry().implements("mtp_loss_mask")
     ignore = decision.ignore_index if decision.run and decision.mask == "labels" else None
     masking = masks or ignore is not None
-    extensions: list[Kind] = [LossMasks] if masking else []
-    if decision.metrics:
-        extensions.append(Recorder)
-    if objective is not None:
-        extensions.append(Objectives)
+    extensions: tuple[Kind, ...] = ()
+    if masking or decision.metrics or objective is not None:  # a plan per forward where a
+        # plugin is asked at every forward: the plain plan builds nothing here
+        ordered = (LossMasks, masking), (Recorder, decision.metrics), (Objectives, objective)
+        extensions = tuple(kind for kind, asked in ordered if asked)
     return PhasePlan(
         phase=phase,
         generation=generation,
@@ -193,5 +193,5 @@ def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> Ph
         ignore_index=ignore,
         masking=masking,
         objective=objective,
-        extensions=tuple(extensions),
+        extensions=extensions,
     )

@@ -23,7 +23,8 @@ UNGUARDED = (
 
 
 class ExecutionMode(Protocol):
-    """What a gate knows, from attach, of how its model runs (``MTPGate`` has these)."""
+    """What a gate knows, from attach, of how its model runs
+    (:class:`._call_planning.CallPlanner` has these)."""
 
     local_graphs: bool
     full_graphs: bool

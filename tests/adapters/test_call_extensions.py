@@ -47,12 +47,12 @@ def spied(build, batch):
     model = build(0)
     mtp_hooks.configure("eval=skip")
     handle = mtp_hooks.attach(model)
-    gate = handle.gates[0]
+    plans = handle.gates[0].plans
     model.eval()
     with torch.no_grad():
         model(*batch.args())  # plans the phase, and caches the plan
-    (phase,) = gate.cache
-    gate.cache[phase] = dataclasses.replace(gate.cache[phase], extensions=(Spy,))
+    (phase,) = plans.cache
+    plans.cache[phase] = dataclasses.replace(plans.cache[phase], extensions=(Spy,))
     yield model, handle, batch.args()
     handle.remove()
 

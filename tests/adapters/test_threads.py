@@ -88,9 +88,9 @@ class AlwaysMissing(dict):
 def test_threads_deciding_a_new_phase_at_once_count_into_one_list(build, batch):
     model = build()
     handle = mtp_hooks.attach(model)
-    gate = handle.gates[0]
-    gate.counts = AlwaysMissing()
-    first, second = gate.counters("eval"), gate.counters("eval")
+    plans = handle.gates[0].plans
+    plans.counts = AlwaysMissing()
+    first, second = plans.counters("eval"), plans.counters("eval")
     assert first is second  # with get-then-assign, the second thread replaced the first's list
     mtp_hooks.configure("eval=run")
     model.eval()
