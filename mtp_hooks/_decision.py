@@ -350,7 +350,7 @@ def decide_normalized(
     decisions that consulted no plugin are also shared across models of one role (a vote may
     depend on the model).
     """
-    generation = _sources.generation()
+    generation = _sources.refresh()
     runtime = _runtime.current
     memo = runtime.memo
     if runtime.memo_generation != generation:

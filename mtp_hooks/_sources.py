@@ -268,9 +268,15 @@ def tracing() -> bool:
     return _state().trace
 
 
-def generation() -> int:
-    """The decision-cache counter, after reading the environment at first use and checking the
-    policy file for changes (gates call it only while the runtime is ``watching``)."""
+def refresh() -> int:
+    """Bring the policy in force up to date with its sources, and return the decision-cache
+    counter (``_runtime.current.generation``) that follows it.
+
+    The one point where the sources are read: the environment at the first decision, and the
+    policy file (by content, at most every ``MTP_HOOKS_CONFIG_POLL`` seconds) at later ones.
+    Every decision refreshes before it reads its cache; a gate's planner refreshes before it
+    reuses a plan only while the runtime is ``watching`` (a source not read yet, or a file to
+    poll), and otherwise reads the counter alone."""
     state = _state()
     if not state.loaded:
         state.current()

@@ -136,8 +136,8 @@ class CallPlanner:
                 plan = plan.plainly(ran)
         else:
             cached = self.cache.get(phase)
-            runtime = _runtime.current  # while watching, generation() reads the sources
-            generation = _sources.generation() if runtime.watching else runtime.generation
+            runtime = _runtime.current  # while watching, refresh() reads the sources
+            generation = _sources.refresh() if runtime.watching else runtime.generation
             if cached is None or cached.generation != generation or self.checks:
                 plan = _phase_plan.plan(self, module, phase, ForwardCall(args, kwargs, self.names))
             else:

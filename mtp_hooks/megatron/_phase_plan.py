@@ -120,7 +120,7 @@ def check_policy(gate: Planner, module: torch.nn.Module, role: str | None) -> No
     with about(role=role):  # each refusal is of this model's (role's) policy
         if gate.ep_overlap:
             decision, _ = _decision.decide_normalized(module, _phases.Phase.TRAIN, role)
-            training = _made(_phases.Phase.TRAIN, _sources.generation(), [], decision)
+            training = _made(_phases.Phase.TRAIN, _sources.refresh(), [], decision)
             asked = training.options()
             if not training.run or asked:
                 _refusals.refuse_ep_overlap("skip" if not training.run else " and ".join(asked))
@@ -137,7 +137,7 @@ def plan(
         UnsupportedModelError: The policy asks for what this model cannot do.
         DecisionMismatchError: Ranks that must agree did not (``verify``).
     """
-    generation = _sources.generation()
+    generation = _sources.refresh()
     role = _roles.role_of(module)
     if gate.policy_checked != generation:
         check_policy(gate, module, role)
