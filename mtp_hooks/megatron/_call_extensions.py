@@ -60,7 +60,8 @@ class CallExtension(Protocol):
 
     ends: ClassVar[bool]
     """Whether :meth:`end` does anything: a kind that only prepares the call (a mask, set in the
-    call's own keyword arguments) is not asked at the end of every later call."""
+    call's own keyword arguments) leaves nothing open, so it is never asked to end, cancel or
+    drop anything, and the forward hook does not look at it at every later call."""
 
     def begin(
         self,
