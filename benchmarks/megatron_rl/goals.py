@@ -41,8 +41,18 @@ def kind(run: dict[str, Any]) -> Kind:
         k=int(option("--num-speculative-tokens", "0")),
         mask=bool(run["meta"].get("mask", True)),
         graphs=option("--cuda-graph-impl", "none") == "local",
-        mtp_layers=int(option("--mtp-num-layers", "0")),
+        mtp_layers=mtp_depths(argv),
     )
+
+
+def mtp_depths(argv: list[str]) -> int:
+    """The MTP depths a run's model has: ``--mtp-num-layers``, or for a hybrid model the
+    segments after the trunk in ``--hybrid-layer-pattern`` (``MEM*E/*E/*E``: two)."""
+    if "--mtp-num-layers" in argv:
+        return int(argv[argv.index("--mtp-num-layers") + 1])
+    if "--hybrid-layer-pattern" in argv:
+        return argv[argv.index("--hybrid-layer-pattern") + 1].count("/")
+    return 0
 
 
 def lengths(run: dict[str, Any]) -> dict[int, float]:

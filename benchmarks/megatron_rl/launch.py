@@ -10,7 +10,8 @@ What it does, and why each step is needed:
    tree: Megatron-LM's files must be those of the pinned commit, byte for byte.
 2. **Puts DIR first on** ``sys.path``, so its ``megatron`` package (core, training, rl) runs,
    and this folder, so megatron can import the agent. Refuses, before step 1, a setting that
-   megatron's engine is known to stop on later (:func:`refuse_drafting_past_the_rotary_table`).
+   megatron is known to stop on later (:func:`refuse_drafting_past_the_rotary_table`,
+   :func:`refuse_packing_that_truncates`).
 3. **Adds the agent to megatron's allowlist** (``megatron.rl.agent.registry.AGENT_REGISTRY``):
    an environment config may only name listed agents, and the benchmark's task ships with no
    Megatron-LM release. One dict entry; no megatron function is replaced.
@@ -149,6 +150,29 @@ def token_ids(tokenizer_dir: str) -> tuple[int, int, tuple[int, int]]:
     return vocab[SEPARATOR], vocab[EOS], (vocab[BOS], vocab[COMMAND])
 
 
+def refuse_packing_that_truncates(train_rl_args: list[str]) -> None:
+    """Refuses, before step 1, sequence packing with rollouts shorter than a packed row.
+
+    With ``--rl-use-sequence-packing``, ``--seq-length`` is the packed row's length, while a
+    rollout stops at ``--inference-max-seq-length``. Megatron-LM's ``compute_group_stats``
+    (``megatron/rl/rl_utils.py``, core_v0.19.0) asserts that a single-turn rollout either ends
+    in the end token or is exactly ``--seq-length`` long ("Single-turn rollout under seq_length
+    must end in eod"), so the first rollout the engine truncates at the shorter inference
+    limit stops the run, with or without drafting; drafting only makes it come sooner, since
+    an accepted end token ends no request. Seen on the H100 at steps 10 (k=0) and 17 (k=2)."""
+    if "--rl-use-sequence-packing" not in train_rl_args:
+        return
+    row = int(option(train_rl_args, "--seq-length") or 0)
+    limit = int(option(train_rl_args, "--inference-max-seq-length") or row)
+    if limit < row:
+        raise SystemExit(
+            f"launch.py: --rl-use-sequence-packing with --inference-max-seq-length {limit} "
+            f"below --seq-length {row} stops the run at the first rollout the engine truncates "
+            "(megatron's compute_group_stats asserts that a rollout shorter than --seq-length "
+            "ends in the end token); run without packing (PACK=0), or give both the same length"
+        )
+
+
 def option(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
@@ -199,6 +223,7 @@ def main(argv: list[str]) -> None:
     tree = os.path.abspath(own.megatron_lm)
     pinned = pin.check(tree)  # 1
     refuse_drafting_past_the_rotary_table(train_rl_args)
+    refuse_packing_that_truncates(train_rl_args)
     sys.path.insert(0, tree)  # 2
     from megatron.rl.agent import registry
 

@@ -222,6 +222,20 @@ def test_the_launcher_refuses_drafting_with_rotary_positions_before_train_rl_run
         launch.refuse_drafting_past_the_rotary_table(fine)
 
 
+def test_the_launcher_refuses_packing_rows_longer_than_a_rollout_before_train_rl_runs():
+    import launch
+
+    packed = ["--rl-use-sequence-packing", "--seq-length", "2048"]
+    with pytest.raises(SystemExit, match=r"run without packing \(PACK=0\)"):
+        launch.refuse_packing_that_truncates([*packed, "--inference-max-seq-length", "128"])
+    for fine in (
+        [*packed, "--inference-max-seq-length", "2048"],
+        ["--seq-length", "128", "--inference-max-seq-length", "128"],
+        ["--seq-length", "2048", "--inference-max-seq-length", "128"],  # unpacked: rows pad
+    ):
+        launch.refuse_packing_that_truncates(fine)
+
+
 def test_the_launcher_ends_the_process_with_code_1_when_train_rl_raises(capsys):
     import launch
 
@@ -522,3 +536,17 @@ def test_the_goals_find_their_runs_by_what_they_are_and_judge_only_what_was_meas
     judged = [goal.split(":")[0].split(" (")[0] for goal, met, _ in short if met is not None]
     # nothing past step 10, no k=0 run, no model without MTP: only these three can be judged
     assert judged == ["Zero edits", "Response-only", "H's whole GRPO step is faster than M's"]
+
+
+def test_a_hybrid_runs_mtp_depths_are_read_from_its_layer_pattern():
+    import goals
+
+    hybrid = ["--hybrid-layer-pattern", "MEMEM*EMEMEM*E/*E/*E", "--num-speculative-tokens", "2"]
+    assert goals.mtp_depths(hybrid) == 2
+    assert goals.mtp_depths(["--hybrid-layer-pattern", "MEMEM*E"]) == 0
+    assert goals.mtp_depths(["--mtp-num-layers", "1", *hybrid]) == 1  # the flag, where given
+    fast, slow = _run("h", "H", 2, [1.8] * 14), _run("h0", "H", 0, [1.8] * 14)
+    for run in (fast, slow):  # as train_rl.py's hybrid runs are written: no --mtp-num-layers
+        run["meta"]["argv"] = ["--hybrid-layer-pattern", "M*E/*E/*E", *run["meta"]["argv"][:2]]
+    verdict = next(v for v in goals.goals([fast, slow]) if v[0].startswith("Rollouts"))
+    assert verdict[1:] == (False, "H eager: 100 against 100 tokens/s (1.00x)")
