@@ -33,6 +33,7 @@ from ._explain import explain
 from ._forward_call import ForwardCall
 from ._loss_masks import mtp_loss_mask
 from ._metrics import MTPMetrics
+from ._option_base import Options
 from ._phase_catalogue import declare_phase, phase
 from ._phases import Phase, PhaseLike, current_phase
 from ._roles import role_of, set_role
@@ -46,6 +47,7 @@ __all__ = [
     "ForwardCall",
     "MTPHooksError",
     "MTPMetrics",
+    "Options",
     "Phase",
     "PhaseLike",
     "PluginError",

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _phase_catalogue, _phases, _roles, _sources
+from . import _options, _phase_catalogue, _phases, _roles, _sources
 from ._decision import decide
 from ._errors import PolicyConflictError
 from ._plugin_registry import registry as _registry
@@ -48,30 +48,8 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
         lines.append(
             f"result: {'run' if decision.run else 'skip'} (decided by {decision.decided_by})"
         )
-        if decision.loss_scale is not None:
-            lines.append(f"loss scale: {decision.loss_scale!r} (from {decision.loss_scale_by})")
-        if decision.metrics:
-            lines.append("metrics: recorded (MTP loss and top-1 acceptance per depth)")
-        if decision.detach:
-            lines.append(
-                "detach: MTP trains on detached trunk outputs, embeddings and output weight "
-                f"(from {decision.detach_by})"
-            )
-        if decision.objective is not None:
-            lines.append(
-                f"objective: {decision.objective} against the policy's own next-token "
-                f"distribution at temperature {decision.temperature:g}, from "
-                f"{decision.objective_by} (megatron's cross-entropy still runs, at weight 0)"
-            )
         if decision.run:
-            masks = []
-            if decision.mask == "labels":
-                masks.append(f"labels other than {decision.ignore_index} (from config)")
-            plugins = _registry().implementers("mtp_loss_mask")  # asked at the forward
-            if decision.plugin_masks and plugins:
-                masks.append("plugins " + ", ".join(plugins))
-            elif plugins:
-                masks.append("plugins' masks off (from config)")
-            if masks:
-                lines.append("MTP loss mask: " + "; ".join(masks) + ", with the caller's loss_mask")
+            registry = _registry()
+            for option in _options.OPTIONS:
+                lines += option.describe(decision.options, registry.implementers)
     return "\n".join(lines)

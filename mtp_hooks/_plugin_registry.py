@@ -14,7 +14,6 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 import os
-import reprlib
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -24,12 +23,10 @@ from . import _env, _runtime, hookspecs
 from ._errors import PluginError, UnknownPluginError, about
 from ._plugin_checks import (
     all_cacheable,
-    check_objective,
     check_plugin,
     check_vote,
     declared_phases,
 )
-from ._weights import check_loss_scale
 
 if TYPE_CHECKING:
     from ._forward_call import ForwardCall
@@ -233,28 +230,11 @@ class PluginRegistry:
             for name, vote in self._answers("should_run_mtp", model=model, phase=phase, call=call)
         ]
 
-    def loss_scales(self, model: Any, phase: Any) -> list[tuple[str, float]]:
-        """Call ``mtp_loss_scale`` on every plugin; return ``(plugin name, weight)`` for each
-        plugin that gave one (validated: finite and ``>= 0``)."""
-        scales = []
-        for name, scale in self._answers("mtp_loss_scale", model=model, phase=phase):
-            if scale is not None:
-                with about(plugin=name, hook="mtp_loss_scale"):
-                    where = f"plugin {name!r}: mtp_loss_scale returned {reprlib.repr(scale)}"
-                    scales.append((name, check_loss_scale(scale, where)))
-        return scales
-
-    def detach_votes(self, model: Any, phase: Any) -> list[tuple[str, bool]]:
-        """Call ``mtp_detach_heads`` on every plugin; return ``(plugin name, answer)`` for each
-        plugin that did not abstain (validated like :meth:`votes`)."""
-        answers = self._answers("mtp_detach_heads", model=model, phase=phase)
-        return [(n, a) for n, a in answers if check_vote(n, "mtp_detach_heads", a) is not None]
-
-    def objective_answers(self, model: Any, phase: Any) -> list[tuple[str, str]]:
-        """Call ``mtp_objective`` on every plugin; return ``(plugin name, objective)`` for each
-        plugin that did not abstain, its answer one of ``"ce"``, ``"kl"``, ``"tv"``."""
-        answers = self._answers("mtp_objective", model=model, phase=phase)
-        return [(n, a) for n, a in answers if check_objective(n, a) is not None]
+    def answers(self, hook: str, model: Any, phase: Any) -> list[tuple[str, Any]]:
+        """Call a policy option's ``hook`` (``mtp_loss_scale``, ``mtp_detach_heads``,
+        ``mtp_objective``) on every plugin; return ``(plugin name, answer)`` pairs, unchecked:
+        the option checks its answers (:meth:`mtp_hooks._options.Option.answer`)."""
+        return self._answers(hook, model=model, phase=phase)
 
     def loss_masks(self, model: Any, phase: Any, **tensors: Any) -> list[tuple[str, Any]]:
         """Call ``mtp_loss_mask`` on every plugin with ``tensors`` (``loss_mask``, ``labels``,

@@ -18,7 +18,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from . import _phase_catalogue, _policy_entry
+from . import _options, _phase_catalogue
 from ._errors import PolicyError, about
 from ._policy_entry import (
     VALUES,
@@ -68,9 +68,9 @@ def _checked_value(raw: object, source: str, key: str) -> PolicyEntry:
     else:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
     fields: dict[str, Any] = {}
-    for option in _policy_entry.OPTIONS:  # in order: an option may read those before it
+    for option in _options.OPTIONS:  # in order: an option may read those before it
         fields.update(option.parse(table, where, value, fields))
-    return PolicyEntry(value, source, **fields)
+    return PolicyEntry(value, source, _options.entry_options(fields))
 
 
 def _table_value(

@@ -248,11 +248,8 @@ def configured_roles() -> list[str]:
 def configured_with(role: str | None, option: str) -> list[str]:
     """The phases whose policy config entry for ``role`` sets ``option`` (``metrics``,
     ``detach``): what a model that cannot follow the option refuses at attach."""
-    return [
-        name
-        for name in _phase_catalogue.known_phases()
-        if getattr(lookup(role, name), option, None)
-    ]
+    entries = [(name, lookup(role, name)) for name in _phase_catalogue.known_phases()]
+    return [name for name, entry in entries if entry is not None and getattr(entry.options, option)]
 
 
 def polls_file() -> bool:

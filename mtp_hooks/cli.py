@@ -84,7 +84,9 @@ def _installed_megatron_refusal(entries: dict[Any, Any]) -> str | None:
     import importlib.util
 
     detaching = sorted(
-        f"{role + '.' if role else ''}{phase}" for (role, phase), e in entries.items() if e.detach
+        f"{role + '.' if role else ''}{phase}"
+        for (role, phase), e in entries.items()
+        if e.options.detach
     )
     if not detaching:
         return None
@@ -139,14 +141,8 @@ def _environment_checks() -> list[tuple[str, Callable[[], dict[Any, Any]]]]:
 
 def _print_entries(entries: dict[Any, Any]) -> None:
     for (role, phase), entry in sorted(entries.items(), key=lambda kv: (kv[0][0] or "", kv[0][1])):
-        own = " (detach = false: the model's own)" if entry.detach is False else ""
-        if entry.ignore_index is not None:
-            own += f" (ignore_index = {entry.ignore_index})"
-        if entry.plugin_masks is False:
-            own += " (plugin_masks = false)"
-        if entry.temperature is not None:
-            own += f" (temperature = {entry.temperature!r})"
-        print(f"{role + '.' if role else ''}{phase} = {_policy_entry.spell(entry)}{own}")
+        spelled = _policy_entry.spell(entry) + _policy_entry.note(entry)
+        print(f"{role + '.' if role else ''}{phase} = {spelled}")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:

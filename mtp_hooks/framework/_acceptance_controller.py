@@ -101,7 +101,7 @@ class AcceptanceController:
         ...     tokens=(100, 99), forwards=1, chain_acceptance=(0.7, 0.4), accepted_length=1.1)
         >>> controller.update(metrics)
         0.3
-        >>> mtp_hooks.decide(None, "train").loss_scale
+        >>> mtp_hooks.decide(None, "train").options.loss_scale
         0.3
     """
 

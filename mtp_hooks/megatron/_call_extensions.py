@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 if TYPE_CHECKING:
     import torch
 
+    from .._options import Options
+
 
 class PlannedCall(Protocol):
     """What an extension reads of a call's plan (:class:`._phase_plan.PhasePlan` has these; a
@@ -39,20 +41,8 @@ class PlannedCall(Protocol):
         """The phase's counters (:mod:`._phase_counters`), counted in place."""
 
     @property
-    def loss_scale(self) -> float | None:
-        """The MTP loss weight of the call, or ``None``: the model's own."""
-
-    @property
-    def masks(self) -> bool:
-        """Whether plugins' ``mtp_loss_mask`` answers are asked for."""
-
-    @property
-    def ignore_index(self) -> int | None:
-        """The label ``+mask:labels`` leaves out, or ``None``."""
-
-    @property
-    def objective(self) -> tuple[str, float] | None:
-        """``(kind, temperature)`` of ``+objective``, or ``None``."""
+    def options(self) -> Options:
+        """What the policy options decided for the call (``options.loss_scale``, ...)."""
 
 
 class CallExtension(Protocol):

@@ -166,15 +166,16 @@ def check_full_iteration_policy(model: Any, role: str | None) -> None:
     for phase in GRAPHED_PHASES:
         decision = _decision.decide_normalized(model, phase, role)[0]
         voters = [name for name, vote in decision.votes.items() if vote is not None]
-        if decision.metrics:
+        weight_by = decision.options.by("loss_scale")
+        if decision.options.metrics:
             what, fix = f"{phase}=...+metrics", f"drop '+metrics' from {phase}"
             why = "records MTP figures in Python after each forward, which no replay runs"
         elif voters and not cached_votes:
             what = f"plugin(s) {', '.join(voters)} voting in {phase}"
             why = "asks its plugins at every forward, and replays ask no one"
             fix = f"set {phase} in the policy config, or declare the votes cacheable_vote"
-        elif decision.loss_scale_by not in (None, "config"):
-            what = f"the MTP loss weight of plugin(s) {decision.loss_scale_by} in {phase}"
+        elif weight_by not in (None, "config"):
+            what = f"the MTP loss weight of plugin(s) {weight_by} in {phase}"
             why = "asks for a plugin's weight at every forward (it may follow the step)"
             fix = f"give {phase} its weight in the policy config (run:W)"
         else:

@@ -302,13 +302,14 @@ class MTPGate:
                 self.records, module, "run with its own loss weight or detach"
             )
         plan.counters[_RUN] += 1
-        if plan.loss_scale is not None:
-            self.loss_scales[plan.phase] = plan.loss_scale
+        weight = plan.options.loss_scale
+        if weight is not None:
+            self.loss_scales[plan.phase] = weight
         base_config = self.base[_CONFIG]
         assert plan.changes is not None
         view = self.views.get(base_config, plan.changes)
         subs = None
-        if plan.detach:
+        if plan.into_layers:
             plan.counters[_DETACHED] += 1
             subs = _call_stack.base_subs(self.records) or tuple(
                 (sub, sub.config) for sub in _capabilities.detach_readers(module)

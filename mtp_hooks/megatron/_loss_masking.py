@@ -18,6 +18,7 @@ import torch
 
 from .. import _loss_masks, _roles
 from .._errors import UnsupportedModelError, about
+from .._options import Mask
 from .._plugin_registry import registry as _registry
 from . import _capabilities, _refusals
 from ._capabilities import call_arguments, mtp_loss_derives_labels, takes_loss_mask
@@ -97,10 +98,10 @@ def _apply(
     caller = kwargs.get("loss_mask")
     answers: list[tuple[str, Any]] = []
     plugins: dict[str, str] = {}  # who gave a mask -> the plugin's name, for plugins' masks
-    ignore = plan.ignore_index
+    ignore = Mask.ignored(plan.options)
     if ignore is not None and labels is not None:  # derived labels have no ignore index
         answers.append(("the policy's +mask:labels", labels != ignore))
-    if plan.masks:
+    if Mask.plugins_asked(plan.options, _registry().implements):
         given = _registry().loss_masks(
             module, plan.phase, loss_mask=caller, labels=labels, input_ids=input_ids
         )

@@ -11,11 +11,11 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, Final, Protocol
 
-from .. import _decision, _phases, _roles, _sources
+from .. import _decision, _options, _phases, _roles, _sources
 from .._errors import about
 from .._forward_call import ForwardCall
+from .._options import NOTHING, Options
 from .._plugin_registry import registry
-from .._policy_entry import plan_fields
 from . import _cuda_graphs, _rank_agreement, _refusals
 from ._call_extensions import Kind
 from ._config_view import Changes
@@ -42,59 +42,51 @@ class PhasePlan:
     """Whether MTP runs."""
     counters: list[int]
     """The phase's counters (:data:`._phase_counters.COUNTED`), counted in place."""
-    loss_scale: float | None
-    """The MTP loss weight for this phase, or ``None``: the model's own."""
-    metrics: bool
-    """Whether the call records MTP loss and acceptance (``+metrics``)."""
-    detach: bool
-    """Whether MTP trains on detached inputs (``+detach``)."""
+    options: Options
+    """What the policy options decided for a call that runs MTP (a skip's are plain), which
+    the per-call extensions read."""
     changes: Changes | None
-    """The config fields a call that runs MTP changes (weight, detach), or ``None``."""
-    masks: bool
-    """Whether plugins' ``mtp_loss_mask`` answers are asked for at calls that run MTP."""
-    ignore_index: int | None
-    """The label a ``+mask:labels`` call leaves out of the MTP loss, or ``None``."""
+    """The config fields a call that runs MTP changes (a loss weight, ``+detach``), or
+    ``None``: what the options' plan parts change, later options winning."""
+    into_layers: bool
+    """Whether the changes also reach the MTP block's and layers' own configs (``+detach``)."""
     masking: bool
-    """``masks`` or an ``ignore_index``: the call gets a mask of its own (read per call)."""
-    objective: tuple[str, float] | None = None
-    """``(kind, temperature)`` when MTP trains toward the policy (``+objective:kl``): megatron's
-    own weight is 0 for the call and :mod:`.drafting._objectives` adds the objective, else
-    ``None``."""
-    extensions: tuple[Kind, ...] = ()
-    """The per-call extensions its calls begin, in order (:mod:`._call_extensions`): the mask
-    (``masking``), then ``+metrics``' recorder, then ``+objective``'s objectives (read per
-    call)."""
+    """Whether a call begins the loss-mask extension (``+mask:labels``, plugins' masks)."""
+    extensions: tuple[Kind, ...]
+    """The per-call extensions its calls begin, in the order of :data:`KINDS`."""
 
     def plainly(self, run: bool) -> PhasePlan:
         """This plan with ``run`` and none of its options: what a standalone layout's loss
         stage does when the MTP stage decided otherwise for a microbatch."""
-        plain: dict[str, Any] = {option.field: option.plain for option in OPTIONS}
-        return dataclasses.replace(self, run=run, **plain, **DERIVED)
+        return _plain(self.phase, self.generation, run, self.counters)
 
-    def options(self, needing_a_run: bool = False) -> list[str]:
-        """What this plan asks beyond a plain run or skip, as :data:`OPTIONS` names it; with
+    def asked(self, needing_a_run: bool = False) -> list[str]:
+        """What this plan asks beyond a plain run or skip, as the options name it; with
         ``needing_a_run``, only what a call that does not run MTP would leave undone."""
+        if not self.run:
+            return []
+        implements = registry().implements
         return [
-            option.says
-            for option in OPTIONS
-            if getattr(self, option.field) != option.plain
-            and (option.needs_a_run or not needing_a_run)
+            asked.says
+            for option in _options.OPTIONS
+            for asked in option.asked(self.options, implements)
+            if asked.needs_a_run or not needing_a_run
         ]
 
 
-OPTIONS: Final = plan_fields()
-"""Every option a plan carries, as each policy option declares its plan fields
-(:data:`mtp_hooks._policy_entry.OPTIONS`). A check that must refuse anything but a plain run
-reads this list, so an option declared there is refused there too
-(tests/adapters/test_ep_overlap.py fails on a plan field that is in neither this list,
-:data:`DERIVED` nor :data:`BOOKKEEPING`)."""
+KINDS: Final[tuple[tuple[str, Kind], ...]] = (
+    ("mask", LossMasks),
+    ("metrics", Recorder),
+    ("objective", Objectives),
+)
+"""The per-call extension of each option that has one, by option name, in the order a call
+begins them: a mask comes before the metrics that read it."""
 
-DERIVED: Final[dict[str, Any]] = {"changes": None, "masking": False, "extensions": ()}
-"""Plan fields that follow from :data:`OPTIONS` (the config fields to change, whether a call
-masks, the per-call extensions it begins), at their plain values."""
+_KIND_OF: Final = dict(KINDS)
 
-BOOKKEEPING: Final = ("phase", "generation", "run", "counters")
-"""Plan fields that are not options."""
+
+def _plain(phase: Any, generation: int, run: bool, counters: list[int]) -> PhasePlan:
+    return PhasePlan(phase, generation, run, counters, _options.plain(), None, False, False, ())
 
 
 class Planner(_refusals.ExecutionMode, Protocol):
@@ -115,13 +107,13 @@ def check_policy(gate: Planner, module: torch.nn.Module, role: str | None) -> No
     through ``build_schedule_plan``, which calls no forward hook and includes the MTP layers
     whenever the model has them (megatron-core 0.19.2, ``model_chunk_schedule_plan.py``), so
     no training decision or option reaches it; forward-only passes take ``forward`` and follow
-    the policy. The check reads :data:`OPTIONS`, so no option can slip past it.
+    the policy. The check reads what every option asks, so no option can slip past it.
     """
     with about(role=role):  # each refusal is of this model's (role's) policy
         if gate.ep_overlap:
             decision, _ = _decision.decide_normalized(module, _phases.Phase.TRAIN, role)
             training = _made(_phases.Phase.TRAIN, _sources.refresh(), [], decision)
-            asked = training.options()
+            asked = training.asked()
             if not training.run or asked:
                 _refusals.refuse_ep_overlap("skip" if not training.run else " and ".join(asked))
         _refusals.check_policy(gate, module, role)
@@ -147,12 +139,12 @@ def plan(
         _rank_agreement.verify(decision, phase)  # host syncs: never inside a capture
     if gate.local_graphs and decision.run:
         _cuda_graphs.check_replayable(module)
-    if decision.run and decision.objective is not None:
+    if decision.run and decision.options.objective is not None:
         _refusals.check_objective(gate, str(phase))
-    if decision.run and decision.detach:
+    if decision.run and decision.options.detach:
         refusal = gate.detach_refusal or _refusals.clipping_refusal(module)
         if refusal is not None:
-            by = decision.detach_by
+            by = decision.options.by("detach")
             by = "the policy config" if by == "config" else f"plugin {by}"
             _refusals.refuse_detach(str(phase), by, refusal)
     made = _made(phase, generation, gate.counters(phase), decision)
@@ -162,36 +154,43 @@ def plan(
 
 
 def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> PhasePlan:
-    """The plan of ``decision`` (a :class:`~mtp_hooks._decision.Decision`), unchecked."""
-    changes: list[tuple[str, Any]] = []
-    objective = None
-    if decision.run and decision.objective is not None:
-        objective = (decision.objective, decision.temperature)
-        changes.append(("mtp_loss_scaling_factor", 0.0))  # megatron's cross-entropy adds nothing
-    elif decision.run and decision.loss_scale is not None:
-        changes.append(("mtp_loss_scaling_factor", decision.loss_scale))
-    if decision.run and decision.detach:
-        changes.append(("mtp_detach_heads", True))
-    masks = decision.run and decision.plugin_masks and registry().implements("mtp_loss_mask")
-    ignore = decision.ignore_index if decision.run and decision.mask == "labels" else None
-    masking = masks or ignore is not None
+    """The plan of ``decision`` (a :class:`~mtp_hooks._decision.Decision`), unchecked: what
+    each option's plan part changes (:meth:`mtp_hooks._options.Option.plan`)."""
+    if not decision.run:
+        return _plain(phase, generation, False, counters)
+    options, implements = decision.options, registry().implements
+    changes: dict[str, Any] = {}
+    into_layers, asking = False, []
+    plain = options is _options.plain()  # most plans: only an option that plans at its plain
+    # values is asked (a plugin asked at every forward makes a plan at every forward)
+    for option in _options.OPTIONS:
+        if plain and not option.plans_when_plain:
+            continue
+        part = option.plan(options, implements)
+        if part is NOTHING:
+            continue
+        changes.update(part.changes)
+        into_layers = into_layers or part.into_layers
+        if part.extension:
+            asking.append(option.name)
     extensions: tuple[Kind, ...] = ()
-    if masking or decision.metrics or objective is not None:  # a plan per forward where a
-        # plugin is asked at every forward: the plain plan builds nothing here
-        ordered = (LossMasks, masking), (Recorder, decision.metrics), (Objectives, objective)
-        extensions = tuple(kind for kind, asked in ordered if asked)
+    if asking:  # a plan per forward where a plugin is asked at every forward: the plain plan
+        # builds nothing here
+        unknown = [name for name in asking if name not in _KIND_OF]
+        if unknown:
+            raise LookupError(
+                f"mtp_hooks: option(s) {', '.join(unknown)} ask for a per-call extension, but "
+                "mtp_hooks.megatron._phase_plan.KINDS lists none for them; add the kind there"
+            )
+        extensions = tuple(kind for name, kind in KINDS if name in asking)
     return PhasePlan(
-        phase=phase,
-        generation=generation,
-        run=decision.run,
-        counters=counters,
-        loss_scale=decision.loss_scale,
-        metrics=decision.metrics,
-        detach=decision.run and decision.detach,
-        changes=tuple(changes) or None,
-        masks=masks,
-        ignore_index=ignore,
-        masking=masking,
-        objective=objective,
-        extensions=extensions,
+        phase,
+        generation,
+        True,
+        counters,
+        options,
+        tuple(changes.items()) or None,
+        into_layers,
+        "mask" in asking,
+        extensions,
     )

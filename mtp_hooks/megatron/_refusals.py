@@ -87,7 +87,7 @@ def refuse_tied_stage_skip(what: str = "a skip") -> None:
 def check_callers_own_skip(model: Any, plan: Any) -> None:
     """A call to which its caller passed ``compute_mtp_loss=False`` while ``plan`` (a
     ``PhasePlan`` that runs MTP) asks for what only a run gives."""
-    asked = plan.options(needing_a_run=True)
+    asked = plan.asked(needing_a_run=True)
     if asked:
         raise PolicyConflictError(
             phase=str(plan.phase),

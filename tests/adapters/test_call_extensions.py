@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import mtp_hooks
+from mtp_hooks import _options
+from mtp_hooks.megatron import _phase_plan
 from mtp_hooks.megatron._call_extensions import Extensions
 
 
@@ -133,3 +135,53 @@ def test_threads_making_a_kinds_first_extension_at_once_share_one():
         thread.join()
     assert len(made) == 8 and len({id(m) for m in made}) == 1
     assert extensions.ending == []  # a kind with nothing to end is not asked at every end
+
+
+class Echo(_options.Flag):
+    """docs/contributing.md's made-up ``+echo``: a flag whose plan begins an extension."""
+
+    name = "echo"
+
+    def plan(self, options, implements):
+        return _options.PlanPart(extension=True) if options.echo else _options.NOTHING
+
+
+@pytest.fixture
+def with_echo(monkeypatch):
+    """``+echo`` as docs/contributing.md adds it: its class, and its kind where plans find it."""
+    monkeypatch.setattr(_options, "OPTIONS", (*_options.OPTIONS, Echo()))
+    Spy.made.clear()
+
+
+def test_a_new_option_begins_and_ends_its_extension_from_its_class_and_one_kind(
+    with_echo, monkeypatch, build, batch
+):
+    monkeypatch.setattr(_phase_plan, "KINDS", (*_phase_plan.KINDS, ("echo", Spy)))
+    monkeypatch.setattr(_phase_plan, "_KIND_OF", dict(_phase_plan.KINDS))
+    model = build(0)
+    mtp_hooks.configure("train=run+echo,eval=skip")
+    handle = mtp_hooks.attach(model)
+    model.train()
+    model(*batch.args(), labels=batch.labels)
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args())  # eval skips: no echo
+    (spy,) = Spy.made
+    # begun by the training call alone; a made kind is ended at every later call (a no-op
+    # where the call did not begin it)
+    assert [call for call in spy.calls if call[0] == "begin"] == [("begin", True, True, "train")]
+    assert spy.calls[1] == ("end", True, False)
+    handle.remove()
+
+
+def test_a_new_option_whose_extension_no_kind_serves_is_refused_naming_where_it_goes(
+    with_echo, build, batch
+):
+    model = build(0)
+    mtp_hooks.configure("train=run+echo")
+    handle = mtp_hooks.attach(model)
+    model.train()
+    with pytest.raises(LookupError, match=r"echo ask for a per-call extension.*KINDS"):
+        model(*batch.args(), labels=batch.labels)
+    assert model.mtp_process is True and Spy.made == []
+    handle.remove()

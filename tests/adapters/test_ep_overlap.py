@@ -5,18 +5,19 @@ forward hook, so training runs MTP plainly whatever the policy says. The schedul
 CUDA streams and expert parallelism; what decides whether a policy is honest there is the
 gate's check, which these tests drive as megatron's training does: at attach, before the first
 step, and at the next forward after the policy changes. Every plan option is refused there,
-because the check reads the one list of them (``_phase_plan.OPTIONS``).
+because the check asks every policy option what a plan asks of it (``_options.OPTIONS``).
 """
 
 from __future__ import annotations
 
 import copy
-import dataclasses
 
 import pytest
 import torch
 
 import mtp_hooks
+from mtp_hooks import _options
+from mtp_hooks._decision import Decision
 from mtp_hooks.megatron import _phase_plan
 
 from plugin_answers import answers
@@ -96,22 +97,25 @@ def test_under_ep_overlap_a_later_training_option_or_skip_is_refused_at_the_next
     assert info.value.phase == "train"
 
 
-def test_every_field_of_a_plan_is_an_option_derived_from_one_or_bookkeeping():
-    # an option added to PhasePlan without a declaration would slip past the check above
-    declared = [o.field for o in _phase_plan.OPTIONS]
-    declared += [*_phase_plan.DERIVED, *_phase_plan.BOOKKEEPING]
-    fields = [f.name for f in dataclasses.fields(_phase_plan.PhasePlan)]
-    assert sorted(declared) == sorted(fields)
+ASKING = {  # each option set away from its plain value, as a decision would set it
+    "loss_scale": {"loss_scale": 0.5},
+    "metrics": {"metrics": True},
+    "detach": {"detach": True},
+    "mask": {"mask": "labels"},
+    "objective": {"objective": "kl", "detach": True},
+}
 
 
-def test_a_plain_plan_asks_for_no_option_and_each_option_is_named():
-    plain = _phase_plan.PhasePlan(
-        phase="train", generation=0, run=True, counters=[], loss_scale=None, metrics=False,
-        detach=False, changes=None, masks=False, ignore_index=None, masking=False,
-    )  # fmt: skip
-    assert plain.options() == [] and plain.plainly(False).run is False
-    for option in _phase_plan.OPTIONS:
-        value = {None: 0.5, False: True}[option.plain] if option.plain in (None, False) else 1
-        asked = dataclasses.replace(plain, **{option.field: value})
-        assert asked.options() == [option.says]
-        assert asked.plainly(True).options() == []
+def test_every_option_set_in_a_decision_is_asked_by_its_plan_and_named():
+    # an option whose plan asks nothing would slip past the check above
+    assert set(ASKING) == {option.name for option in _options.OPTIONS}
+    plain = _options.plain()
+    made = _phase_plan._made("train", 0, [], Decision(run=True, kind="config", options=plain))
+    assert made.asked() == [] and made.plainly(False).run is False
+    for name, fields in ASKING.items():
+        options = plain.with_fields(fields, name, "config")
+        made = _phase_plan._made("train", 0, [], Decision(run=True, kind="config", options=options))
+        assert made.asked(), name
+        assert made.plainly(True).asked() == []
+        skipped = Decision(run=False, kind="config", options=options)
+        assert _phase_plan._made("train", 0, [], skipped).asked() == []

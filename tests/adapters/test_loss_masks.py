@@ -371,7 +371,7 @@ def test_explain_names_every_mask_source(build):
     mtp_hooks.configure({"train": {"mtp": "run", "plugin_masks": False}})
     assert "plugins' masks off (from config)" in mtp_hooks.explain(model, "train")
     decision = mtp_hooks.decide(model, "train")
-    assert decision.plugin_masks is False and decision.mask is None
+    assert decision.options.plugin_masks is False and decision.options.mask is None
 
 
 def test_under_packed_sequences_the_mask_is_rolled_as_megatrons_own_loss_mask():

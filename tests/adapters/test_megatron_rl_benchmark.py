@@ -301,7 +301,12 @@ def test_arm_k_trains_mtp_detached_toward_the_policy_on_the_response_only(tmp_pa
     set_up_arm("K", tmp_path)
     assert "response-only" in {info.name for info in mtp_hooks.plugins.list_plugins()}
     train = mtp_hooks.decide(None, "train")
-    assert train.run and train.detach and train.objective == "kl" and train.temperature == 1.0
+    assert (
+        train.run
+        and train.options.detach
+        and train.options.objective == "kl"
+        and train.options.temperature == 1.0
+    )
     assert not mtp_hooks.decide(None, "eval").run  # the log-prob passes
 
 

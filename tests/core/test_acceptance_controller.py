@@ -23,7 +23,7 @@ def measured(accepted_length: float, positions: int = 100, acceptance: float = 0
 
 def train_action() -> str:
     decision = mtp_hooks.decide(None, "train")
-    return f"run:{decision.loss_scale:g}" if decision.run else "skip"
+    return f"run:{decision.options.loss_scale:g}" if decision.run else "skip"
 
 
 def test_a_scripted_acceptance_series_gives_the_specified_decisions():
@@ -35,7 +35,10 @@ def test_a_scripted_acceptance_series_gives_the_specified_decisions():
         controller.update(measured(value))
         seen.append(train_action())
     assert seen == ["run:0.3", "run:0.3", "run:0.3", "skip", "skip", "run:0.3", "run:0.3"]
-    assert mtp_hooks.decide(None, "eval").run and mtp_hooks.decide(None, "eval").loss_scale is None
+    assert (
+        mtp_hooks.decide(None, "eval").run
+        and mtp_hooks.decide(None, "eval").options.loss_scale is None
+    )
 
 
 def test_figures_are_weighted_by_positions_and_collected_between_updates():

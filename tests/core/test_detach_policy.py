@@ -14,22 +14,22 @@ from plugin_answers import answers
 def test_a_plugin_detaches_when_the_config_does_not_say():
     answers("mtp_detach_heads", True, name="drafter")
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.detach, decision.detach_by) == (True, "drafter")
+    assert (decision.options.detach, decision.options.by("detach")) == (True, "drafter")
     mtp_hooks.configure({"train": {"mtp": "run", "detach": False}})  # the config settles it
-    assert mtp_hooks.decide(None, "train").detach is False
+    assert mtp_hooks.decide(None, "train").options.detach is False
 
 
 def test_plugins_that_abstain_or_say_false_leave_the_models_own_setting():
     answers("mtp_detach_heads", None, name="quiet")
     answers("mtp_detach_heads", False, name="no")
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.detach, decision.detach_by) == (False, None)
+    assert (decision.options.detach, decision.options.by("detach")) == (False, None)
 
 
 def test_a_skip_never_detaches():
     answers("mtp_detach_heads", True, name="drafter")
     mtp_hooks.configure("eval=skip")
-    assert mtp_hooks.decide(None, "eval").detach is False
+    assert mtp_hooks.decide(None, "eval").options.detach is False
 
 
 def test_plugins_that_disagree_on_detaching_raise_a_conflict_naming_both():
@@ -56,9 +56,9 @@ def test_a_bad_plugin_answer_names_the_plugin(answer, error, message):
 def test_a_plugin_answer_is_asked_again_at_every_decision():
     plugin = answers("mtp_detach_heads", True)
     mtp_hooks.plugins.register(plugin, name="drafter")
-    assert mtp_hooks.decide(None, "train").detach is True
+    assert mtp_hooks.decide(None, "train").options.detach is True
     plugin.value = None  # no votes_changed(): an answer may follow the drafter's acceptance
-    assert mtp_hooks.decide(None, "train").detach is False
+    assert mtp_hooks.decide(None, "train").options.detach is False
 
 
 def test_explain_and_check_config_show_detach(tmp_path, capsys):

@@ -68,7 +68,11 @@ def test_the_readme_policy_example_is_a_valid_policy():
     policy = "".join(re.findall(r'^\s+"([^"]*)"', example, flags=re.M))
     mtp_hooks.configure(policy)
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.loss_scale, decision.detach, decision.mask) == (0.3, True, "labels")
+    assert (decision.options.loss_scale, decision.options.detach, decision.options.mask) == (
+        0.3,
+        True,
+        "labels",
+    )
 
 
 def test_the_layout_table_names_every_module():

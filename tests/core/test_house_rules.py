@@ -3,11 +3,19 @@ long files are the ones a single concept needs."""
 
 from __future__ import annotations
 
-import ast
 import fnmatch
+import importlib.util
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+# the script contributors count the import structure with reads the imports, so the rules
+# and the docs' table read them one way
+_spec = importlib.util.spec_from_file_location(
+    "import_structure", ROOT / "scripts/import_structure.py"
+)
+assert _spec is not None and _spec.loader is not None
+import_structure = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(import_structure)
 PACKAGES = [ROOT / "mtp_hooks", *sorted((ROOT / "plugins").glob("*/mtp_hooks_*"))]
 
 # The layers, lowest first. A module imports from its own layer or a lower one, at module level
@@ -22,7 +30,8 @@ LAYERS = {
         "mtp_hooks._plugin_checks", "mtp_hooks._plugin_registry", "mtp_hooks._roles",
     ],
     "policy": [
-        "mtp_hooks._policy_errors", "mtp_hooks._phase_catalogue", "mtp_hooks._policy_entry",
+        "mtp_hooks._policy_errors", "mtp_hooks._phase_catalogue", "mtp_hooks._option_base",
+        "mtp_hooks._options", "mtp_hooks._policy_entry",
         "mtp_hooks._policy",
         "mtp_hooks._sources", "mtp_hooks._decision", "mtp_hooks._explain", "mtp_hooks._loss_masks",
     ],
@@ -40,52 +49,19 @@ LAYERS = {
 # Files past about 300 lines, each because one concept needs the room.
 LONG = {
     "mtp_hooks.megatron._gate": "the gate: one class, its two hooks and their bookkeeping",
-    "mtp_hooks._policy_entry": "a policy entry and its options, each declared once with its checks",
+    "mtp_hooks._options": "the policy options, one class each: checks, answers, plan, description",
+    "mtp_hooks._option_base": "what an option is, and the Options record every layer reads",
     "mtp_hooks._policy": "the policy's grammar: a string, a mapping or a TOML file, every error",
-    "mtp_hooks._decision": "the combination rule: the Decision record, config, plugins, default",
     "mtp_hooks._plugin_registry": "the one PluginManager: loading, registration, each hook's call",
 }
 
 
 def modules(packages: list[pathlib.Path] = PACKAGES) -> dict[str, pathlib.Path]:
     """Every module of the library and the plugins, by dotted name."""
-    found = {}
-    for package in packages:
-        for path in package.rglob("*.py"):
-            parts = path.relative_to(package.parent).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
-    return found
+    return import_structure.modules(packages)
 
 
-def imports(name: str, path: pathlib.Path, known: set[str], lazy: bool) -> set[str]:
-    """The modules of ``known`` that ``name`` imports: top-level imports (``try`` bodies
-    included), and with ``lazy`` those inside functions too; never ``if TYPE_CHECKING:``."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    targets: set[str] = set()
-    statements = list(ast.parse(path.read_text()).body)
-    while statements:
-        node = statements.pop()
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            statements.extend(node.orelse)
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = package.split(".")[: len(package.split(".")) - node.level + 1]
-                module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
-            for alias in node.names:
-                child = f"{module}.{alias.name}"
-                targets.add(child if child in known else module)
-        elif isinstance(node, ast.Import):
-            targets.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.Try) or (lazy and isinstance(node, ast.If)):
-            statements.extend(ast.iter_child_nodes(node))
-        elif lazy and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            statements.extend(ast.iter_child_nodes(node))
-        elif lazy and isinstance(node, (ast.With, ast.For, ast.While, ast.ExceptHandler)):
-            statements.extend(ast.iter_child_nodes(node))
-    return {t for t in targets if t in known and t != name}
+imports = import_structure.imports
 
 
 def layer_of(name: str) -> int:

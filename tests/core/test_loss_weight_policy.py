@@ -22,7 +22,11 @@ from plugin_answers import answers
 def test_a_weight_rides_on_run_in_every_form(policy):
     mtp_hooks.configure(policy)
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.run, decision.loss_scale, decision.loss_scale_by) == (True, 0.3, "config")
+    assert (decision.run, decision.options.loss_scale, decision.options.by("loss_scale")) == (
+        True,
+        0.3,
+        "config",
+    )
 
 
 def test_a_role_can_have_its_own_weight():
@@ -33,8 +37,8 @@ def test_a_role_can_have_its_own_weight():
 
     teacher = Teacher()
     mtp_hooks.set_role(teacher, "teacher")
-    assert mtp_hooks.decide(teacher, "train").loss_scale == 0.1
-    assert mtp_hooks.decide(None, "train").loss_scale == 0.3
+    assert mtp_hooks.decide(teacher, "train").options.loss_scale == 0.1
+    assert mtp_hooks.decide(None, "train").options.loss_scale == 0.3
 
 
 @pytest.mark.parametrize(
@@ -59,7 +63,7 @@ def test_a_bad_weight_names_the_source_and_changes_nothing(policy, message):
     with pytest.raises(mtp_hooks.PolicyError, match=message) as info:
         mtp_hooks.configure(policy)
     assert "mtp_hooks.configure()" in str(info.value)
-    assert mtp_hooks.decide(None, "train").loss_scale == 0.2
+    assert mtp_hooks.decide(None, "train").options.loss_scale == 0.2
 
 
 @pytest.mark.parametrize(
@@ -85,15 +89,15 @@ def test_a_zero_weight_is_a_run_and_the_error_for_bad_ones_points_to_skip():
 def test_a_plugin_gives_the_weight_when_the_config_does_not():
     answers("mtp_loss_scale", 0.2, name="schedule")
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.loss_scale, decision.loss_scale_by) == (0.2, "schedule")
+    assert (decision.options.loss_scale, decision.options.by("loss_scale")) == (0.2, "schedule")
     mtp_hooks.configure("train=run:0.3")
-    assert mtp_hooks.decide(None, "train").loss_scale_by == "config"
+    assert mtp_hooks.decide(None, "train").options.by("loss_scale") == "config"
 
 
 def test_a_skip_carries_no_weight():
     answers("mtp_loss_scale", 0.2, name="schedule")
     mtp_hooks.configure("eval=skip")
-    assert mtp_hooks.decide(None, "eval").loss_scale is None
+    assert mtp_hooks.decide(None, "eval").options.loss_scale is None
 
 
 def test_plugins_that_disagree_on_the_weight_raise_a_conflict_naming_both():

@@ -29,15 +29,15 @@ from plugin_answers import answers
 def test_an_objective_rides_on_a_detached_run_in_any_order_and_form(policy, objective, temperature):
     mtp_hooks.configure(policy)
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.run, decision.detach) == (True, True)
-    assert (decision.objective, decision.temperature) == (objective, temperature)
-    assert mtp_hooks.decide(None, "eval").objective is None
+    assert (decision.run, decision.options.detach) == (True, True)
+    assert (decision.options.objective, decision.options.temperature) == (objective, temperature)
+    assert mtp_hooks.decide(None, "eval").options.objective is None
 
 
 def test_ce_is_megatrons_own_loss_and_needs_no_detach():
     mtp_hooks.configure("train=run+objective:ce")
     decision = mtp_hooks.decide(None, "train")
-    assert decision.run and decision.objective is None and not decision.detach
+    assert decision.run and decision.options.objective is None and not decision.options.detach
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_a_bad_objective_is_refused_naming_the_fix_and_the_policy_stays(policy, 
     with pytest.raises(mtp_hooks.PolicyError, match=message):
         mtp_hooks.configure(policy)
     decision = mtp_hooks.decide(None, "train")
-    assert decision.run and decision.objective is None and not decision.detach
+    assert decision.run and decision.options.objective is None and not decision.options.detach
 
 
 def test_an_objective_spells_back_in_the_compact_grammar():
@@ -85,7 +85,7 @@ def test_an_objective_spells_back_in_the_compact_grammar():
     spelled = _policy_entry.spell(entry)
     assert spelled == "run:0.5+detach+objective:tv"
     mtp_hooks.configure(f"train={spelled}")
-    assert mtp_hooks.decide(None, "train").objective == "tv"
+    assert mtp_hooks.decide(None, "train").options.objective == "tv"
 
 
 def test_a_plugin_chooses_the_objective_where_the_config_names_none():
@@ -93,16 +93,20 @@ def test_a_plugin_chooses_the_objective_where_the_config_names_none():
     sampler = answers("mtp_objective", "kl", name="sampler")
     mtp_hooks.configure("train=run")
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.objective, decision.objective_by, decision.temperature) == (
+    assert (
+        decision.options.objective,
+        decision.options.by("objective"),
+        decision.options.temperature,
+    ) == (
         "kl",
         "sampler",
         1.0,
     )
     sampler.value = "ce"
-    assert mtp_hooks.decide(None, "train").objective is None
+    assert mtp_hooks.decide(None, "train").options.objective is None
     mtp_hooks.configure("train=run+detach+objective:tv")  # the config names one: not asked
     calls = len(sampler.calls)
-    assert mtp_hooks.decide(None, "train").objective_by == "config"
+    assert mtp_hooks.decide(None, "train").options.by("objective") == "config"
     assert len(sampler.calls) == calls
     assert "from config" in mtp_hooks.explain(None, "train")
 

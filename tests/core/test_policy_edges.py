@@ -18,7 +18,7 @@ from plugin_answers import answers
 
 
 def weight(policy) -> float | None:
-    return parse_policy(policy)[(None, "train")].loss_scale
+    return parse_policy(policy)[(None, "train")].options.loss_scale
 
 
 @pytest.mark.parametrize(
@@ -65,7 +65,7 @@ def test_a_weight_that_is_not_a_number_is_refused_from_plugins_and_tables(scale)
             parse_policy({"train": {"mtp": "run", "loss_scale": scale}})
     answers("mtp_loss_scale", scale, name="weigher")
     if scale is None:  # abstains
-        assert mtp_hooks.decide(None, "train").loss_scale is None
+        assert mtp_hooks.decide(None, "train").options.loss_scale is None
         return
     with pytest.raises(PolicyError, match="weigher"):
         mtp_hooks.decide(None, "train")
@@ -76,7 +76,7 @@ def test_weights_given_as_numbers_of_any_real_type_are_taken():
 
     assert parse_policy({"train": {"mtp": "run", "loss_scale": fractions.Fraction(3, 10)}})[
         (None, "train")
-    ].loss_scale == pytest.approx(0.3)
+    ].options.loss_scale == pytest.approx(0.3)
 
 
 @pytest.mark.parametrize(
@@ -120,7 +120,7 @@ def test_every_other_weight_spelling_is_a_policy_error(text):
 
 def test_a_negative_zero_weight_from_a_plugin_becomes_zero():
     answers("mtp_loss_scale", -0.0, name="weigher")
-    scale = mtp_hooks.decide(None, "train").loss_scale
+    scale = mtp_hooks.decide(None, "train").options.loss_scale
     assert scale == 0.0 and math.copysign(1.0, scale) == 1.0
 
 
@@ -196,7 +196,7 @@ def test_a_malformed_mask_setting_is_a_policy_error_naming_it(policy, message):
 def test_mask_labels_spells_back_to_itself_with_any_other_option():
     for text in ("run+mask:labels", "run:0.3+metrics+detach+mask:labels", "auto+mask:labels"):
         (entry,) = parse_policy(f"train={text}").values()
-        assert spell(entry) == text and entry.mask == "labels"
+        assert spell(entry) == text and entry.options.mask == "labels"
 
 
 @pytest.mark.parametrize("ignore", [-(2**63), 2**63 - 1, -100, 0])
@@ -204,7 +204,7 @@ def test_an_ignore_index_anywhere_in_int64_is_taken(ignore):
     (entry,) = parse_policy(
         {"train": {"mtp": "run", "mask": "labels", "ignore_index": ignore}}
     ).values()
-    assert entry.ignore_index == ignore
+    assert entry.options.ignore_index == ignore
 
 
 def test_an_ignore_index_beyond_int64_in_toml_is_refused_when_the_file_is_read(tmp_path):
@@ -223,4 +223,4 @@ def test_a_refused_ignore_index_leaves_the_policy_as_it_was():
     with pytest.raises(mtp_hooks.PolicyError, match="does not fit"):
         mtp_hooks.configure({"train": {"mtp": "run", "mask": "labels", "ignore_index": 2**64}})
     decision = mtp_hooks.decide(None, "train")
-    assert not decision.run and decision.mask is None
+    assert not decision.run and decision.options.mask is None

@@ -1,46 +1,35 @@
-"""Each policy option is declared once (``mtp_hooks._policy_entry.OPTIONS``): the parser, its
-messages, ``check-config``'s spelling and the fields of entries, decisions and plans follow
-from the declarations."""
+"""Each policy option is one class (``mtp_hooks._options``): the parser, its messages,
+``check-config``'s spelling, the decision, the plan and ``explain`` follow from it, and
+entries, decisions and plans carry every option's fields in one record."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 
 import mtp_hooks
-from mtp_hooks import _decision, _policy, _policy_entry
-from mtp_hooks._policy_entry import OPTIONS
-
-ENTRY_BOOKKEEPING = {"value", "source"}
-DECISION_BOOKKEEPING = {"run", "kind", "voters", "votes", "phase", "role", "source"}
+from mtp_hooks import _options, _policy, _policy_entry
+from mtp_hooks._options import OPTIONS
 
 
 def declared(fields: str) -> list[str]:
     return [name for option in OPTIONS for name in getattr(option, fields)]
 
 
-def test_every_entry_field_beyond_the_value_is_declared_by_exactly_one_option():
-    entry = {f.name for f in dataclasses.fields(_policy_entry.PolicyEntry)}
-    assert sorted(declared("entry_fields")) == sorted(entry - ENTRY_BOOKKEEPING)
+def test_every_entry_field_is_declared_by_exactly_one_option():
+    assert sorted(declared("given")) == sorted(set(declared("given")))
+    assert list(_options.entry_options().fields()) == declared("given")
 
 
-def test_every_decision_field_beyond_who_decided_is_declared_by_exactly_one_option():
-    decision = {f.name for f in dataclasses.fields(_decision.Decision)}
-    assert sorted(declared("decision_fields")) == sorted(decision - DECISION_BOOKKEEPING)
-
-
-def test_every_plan_field_is_declared_once():
-    fields = [field.field for field in _policy_entry.plan_fields()]
-    assert len(fields) == len(set(fields))
+def test_every_decision_and_plan_field_is_declared_by_exactly_one_option():
+    assert sorted(declared("decided")) == sorted(set(declared("decided")))
+    assert list(_options.plain().fields()) == declared("decided")
+    assert mtp_hooks.decide(None, "train").options == _options.plain()
 
 
 @pytest.mark.parametrize("option", OPTIONS, ids=lambda o: o.name)
 def test_an_option_left_out_sets_exactly_its_own_fields_and_nothing_else(option):
     fields = option.parse({}, "here", "run", {"detach": None})
-    assert set(fields) == set(option.entry_fields)
-    defaults = {f.name: f.default for f in dataclasses.fields(_policy_entry.PolicyEntry)}
-    assert fields == {name: defaults[name] for name in fields}  # what an entry holds unset
+    assert fields == dict(option.given)  # what an entry holds unset
 
 
 def test_every_table_key_belongs_to_one_option():
@@ -48,34 +37,64 @@ def test_every_table_key_belongs_to_one_option():
     assert len(keys) == len(set(keys)) and "mtp" not in keys
 
 
-# -- a made-up option, declared once ------------------------------------------------------------
+def test_reading_a_field_no_option_declares_names_the_fields_with_a_hint():
+    options = mtp_hooks.decide(None, "train").options
+    with pytest.raises(AttributeError, match=r"'detatch' \(did you mean 'detach'\?\).*loss_scale"):
+        options.detatch  # noqa: B018
+    with pytest.raises(AttributeError, match="immutable"):
+        options.detach = True
 
 
-@dataclasses.dataclass(frozen=True)
-class EntryWithEcho(_policy_entry.PolicyEntry):
-    echo: bool | None = None
+def test_the_options_record_pickles_copies_and_compares_by_value():
+    import copy
+    import pickle
+
+    mtp_hooks.configure("train=run:0.3+detach")
+    options = mtp_hooks.decide(None, "train").options
+    for twin in (pickle.loads(pickle.dumps(options)), copy.deepcopy(options)):
+        assert twin == options and hash(twin) == hash(options)
+        assert (twin.loss_scale, twin.by("detach")) == (0.3, "config")
 
 
-ECHO = _policy_entry.flag_option("echo", decision_fields=())
-"""docs/contributing.md's made-up flag (in the docs it also adds a decision field)."""
+# -- a made-up option, one class ----------------------------------------------------------------
+
+
+class Echo(_options.Flag):
+    """docs/contributing.md's made-up flag: ``+echo``, which asks for an extension of its own."""
+
+    name = "echo"
+
+    def plan(self, options, implements):
+        return _options.PlanPart(extension=True) if options.echo else _options.NOTHING
+
+    def describe(self, options, implementers):
+        return ["echo: the MTP loss is logged"] * options.echo
 
 
 @pytest.fixture
 def with_echo(monkeypatch):
-    """The options with one more, as docs/contributing.md's example adds it: its declaration,
-    and the entry field it sets."""
-    monkeypatch.setattr(_policy_entry, "OPTIONS", (*OPTIONS, ECHO))
-    monkeypatch.setattr(_policy, "PolicyEntry", EntryWithEcho)
+    """The options with one more, as docs/contributing.md's example adds it: its class."""
+    monkeypatch.setattr(_options, "OPTIONS", (*OPTIONS, Echo()))
 
 
-def test_a_new_option_is_parsed_spelled_and_listed_from_its_declaration_alone(with_echo):
+def test_a_new_option_is_parsed_spelled_and_listed_from_its_class_alone(with_echo):
     (entry,) = _policy.parse_policy("train=run:0.3+echo+detach").values()
-    assert entry.echo is True and entry.detach is True and entry.loss_scale == 0.3
+    options = entry.options
+    assert options.echo is True and options.detach is True and options.loss_scale == 0.3
     assert _policy_entry.spell(entry) == "run:0.3+detach+echo"
     (table,) = _policy.parse_policy({"train": {"mtp": "run", "echo": True}}).values()
-    assert table.echo is True
+    assert table.options.echo is True
     assert "'+echo'" in _policy_entry.allowed_values()
     assert "echo" in _policy_entry.table_keys()
+
+
+def test_a_new_option_is_decided_and_explained_from_its_class_alone(with_echo):
+    mtp_hooks.configure("train=run+echo")
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.options.echo, decision.options.by("echo")) == (True, "config")
+    assert mtp_hooks.decide(None, "eval").options.echo is False
+    assert "echo: the MTP loss is logged" in mtp_hooks.explain(None, "train")
+    assert "echo" not in mtp_hooks.explain(None, "eval")
 
 
 def test_a_new_option_gets_the_parsers_checks_and_hints(with_echo):
@@ -88,10 +107,6 @@ def test_a_new_option_gets_the_parsers_checks_and_hints(with_echo):
         _policy.parse_policy({"train": {"mtp": "run", "ecko": True}})
     with pytest.raises(mtp_hooks.PolicyError, match="'echo' is true or false"):
         _policy.parse_policy({"train": {"mtp": "run", "echo": "yes"}})
-
-
-def test_every_option_has_its_step_in_the_decision_and_nothing_else_does():
-    assert list(_decision.STEPS) == [option.name for option in OPTIONS]
 
 
 FLAGS = [option.name for option in OPTIONS if option.shown and not option.choices]
@@ -142,21 +157,21 @@ def test_a_flag_option_rides_on_run_in_any_order_and_form_and_in_its_phase_only(
 ):
     mtp_hooks.configure(policy)
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.run, getattr(decision, flag), decision.loss_scale) == (True, True, loss_scale)
-    by = [f for f in _policy_entry.by_name(flag).decision_fields if f.endswith("_by")]
-    assert [getattr(decision, f) for f in by] == ["config"] * len(by)
-    assert getattr(mtp_hooks.decide(None, "eval"), flag) is False
+    options = decision.options
+    assert (decision.run, getattr(options, flag), options.loss_scale) == (True, True, loss_scale)
+    assert options.by(flag) == "config"
+    assert getattr(mtp_hooks.decide(None, "eval").options, flag) is False
 
 
 @pytest.mark.parametrize("flag", FLAGS)
 def test_auto_with_a_flag_option_sets_it_only_when_the_plugins_run_mtp(voter, flag):
     mtp_hooks.configure(f"train=auto+{flag}")
     plugin = voter(True, name="v")
-    assert getattr(mtp_hooks.decide(None, "train"), flag) is True
+    assert getattr(mtp_hooks.decide(None, "train").options, flag) is True
     plugin.value = False
     mtp_hooks.configure(f"train=auto+{flag}")  # a new generation: decide again
     decision = mtp_hooks.decide(None, "train")
-    assert (decision.run, getattr(decision, flag)) == (False, False)
+    assert (decision.run, getattr(decision.options, flag)) == (False, False)
 
 
 def test_the_hook_an_option_names_is_a_hook_of_the_library():

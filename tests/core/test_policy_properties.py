@@ -73,7 +73,10 @@ def as_mapping(policy) -> dict:
 
 def plain(entries_by_key) -> dict:
     """Parsed entries without where they came from."""
-    return {k: (e.value, e.loss_scale, e.metrics, e.detach) for k, e in entries_by_key.items()}
+    return {
+        k: (e.value, e.options.loss_scale, e.options.metrics, e.options.detach)
+        for k, e in entries_by_key.items()
+    }
 
 
 def expected(policy) -> dict:
@@ -142,8 +145,8 @@ def test_text_close_to_the_grammar_is_a_policy_or_a_policy_error(text):
     except PolicyError:
         return
     for entry in result.values():
-        assert entry.loss_scale is None or entry.loss_scale >= 0
-        assert str(entry.loss_scale) != "-0.0"
+        assert entry.options.loss_scale is None or entry.options.loss_scale >= 0
+        assert str(entry.options.loss_scale) != "-0.0"
 
 
 scalars = st.one_of(
@@ -188,10 +191,10 @@ def test_explain_and_check_config_say_what_decide_decides(policy, tmp_path_facto
         decision = mtp_hooks.decide(None, phase)
         text = mtp_hooks.explain(None, phase)
         assert f"result: {'run' if decision.run else 'skip'}" in text
-        if decision.loss_scale is not None:
-            assert f"loss scale: {decision.loss_scale!r}" in text
-        assert ("metrics: recorded" in text) == decision.metrics
-        assert ("detach: " in text) == bool(decision.detach)
+        if decision.options.loss_scale is not None:
+            assert f"loss scale: {decision.options.loss_scale!r}" in text
+        assert ("metrics: recorded" in text) == decision.options.metrics
+        assert ("detach: " in text) == bool(decision.options.detach)
     lines = ["[policy]"] + [
         f'"{role + "." if role else ""}{phase}" = "{spell_of(entry)}"'
         for (role, phase), entry in policy.items()

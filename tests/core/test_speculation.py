@@ -98,7 +98,7 @@ def test_the_engines_figures_drive_the_acceptance_controller():
     assert not mtp_hooks.decide(None, "train").run
     stale = acceptance_from_counts(267, [40, 5])
     assert controller.update(stale) == 0.3
-    assert mtp_hooks.decide(None, "train").loss_scale == 0.3
+    assert mtp_hooks.decide(None, "train").options.loss_scale == 0.3
 
 
 def test_an_engine_that_drafted_nothing_leaves_the_decision_as_it_was():

@@ -83,13 +83,14 @@ class Objectives:
         """Open this thread's call of ``model`` (starting now), weighted as megatron would
         weight its MTP loss: the plan's weight, else the model's own (``config``). A call
         without autograd, or whose MTP loss megatron does not compute, opens nothing."""
-        if not torch.is_grad_enabled() or plan.objective is None:
+        options = plan.options
+        if not torch.is_grad_enabled() or options.objective is None:
             return
         request = loss_request(model, plan.phase, args, kwargs)
         if request is None:  # megatron computes no MTP loss in this call: nothing to replace
             return
-        kind, temperature = plan.objective
-        factor = plan.loss_scale
+        kind, temperature = options.objective, options.temperature
+        factor = options.loss_scale
         if factor is None:
             factor = config.mtp_loss_scaling_factor
         with self.lock:
