@@ -7,7 +7,7 @@ themselves are in :mod:`mtp_hooks._options`.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
@@ -65,9 +65,6 @@ class Options:
     def with_fields(self, fields: Mapping[str, Any], option: str, by: str) -> Options:
         """These options with ``fields`` of ``option`` set, by ``by``."""
         return Options({**self.fields(), **fields}, {**self._by, option: by})
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._fields)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Options):

@@ -187,7 +187,12 @@ class MTPGate:
         plan = self.plans.plan_call(module, args, kwargs, self.base if records else None)
         if plan is not None:
             extensions = plan.extensions
-            if _open_blocks[0] and plan.run and not plan.masking and _loss_masks.context_masks():
+            if (
+                _open_blocks[0]
+                and plan.run
+                and _LossMasks not in extensions
+                and _loss_masks.context_masks()
+            ):
                 extensions = (_LossMasks, *extensions)  # an mtp_loss_mask block's mask
             if extensions:
                 self.extensions.begin(extensions, module, plan, args, kwargs, self.base[_CONFIG])

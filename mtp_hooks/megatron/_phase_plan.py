@@ -50,8 +50,6 @@ class PhasePlan:
     ``None``: what the options' plan parts change, later options winning."""
     into_layers: bool
     """Whether the changes also reach the MTP block's and layers' own configs (``+detach``)."""
-    masking: bool
-    """Whether a call begins the loss-mask extension (``+mask:labels``, plugins' masks)."""
     extensions: tuple[Kind, ...]
     """The per-call extensions its calls begin, in the order of :data:`KINDS`."""
 
@@ -82,11 +80,9 @@ KINDS: Final[tuple[tuple[str, Kind], ...]] = (
 """The per-call extension of each option that has one, by option name, in the order a call
 begins them: a mask comes before the metrics that read it."""
 
-_KIND_OF: Final = dict(KINDS)
-
 
 def _plain(phase: Any, generation: int, run: bool, counters: list[int]) -> PhasePlan:
-    return PhasePlan(phase, generation, run, counters, _options.plain(), None, False, False, ())
+    return PhasePlan(phase, generation, run, counters, _options.plain(), None, False, ())
 
 
 class Planner(_refusals.ExecutionMode, Protocol):
@@ -176,7 +172,8 @@ def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> Ph
     extensions: tuple[Kind, ...] = ()
     if asking:  # a plan per forward where a plugin is asked at every forward: the plain plan
         # builds nothing here
-        unknown = [name for name in asking if name not in _KIND_OF]
+        served = {name for name, _ in KINDS}
+        unknown = [name for name in asking if name not in served]
         if unknown:
             raise LookupError(
                 f"mtp_hooks: option(s) {', '.join(unknown)} ask for a per-call extension, but "
@@ -191,6 +188,5 @@ def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> Ph
         options,
         tuple(changes.items()) or None,
         into_layers,
-        "mask" in asking,
         extensions,
     )

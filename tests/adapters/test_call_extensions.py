@@ -157,7 +157,6 @@ def test_a_new_option_begins_and_ends_its_extension_from_its_class_and_one_kind(
     with_echo, monkeypatch, build, batch
 ):
     monkeypatch.setattr(_phase_plan, "KINDS", (*_phase_plan.KINDS, ("echo", Spy)))
-    monkeypatch.setattr(_phase_plan, "_KIND_OF", dict(_phase_plan.KINDS))
     model = build(0)
     mtp_hooks.configure("train=run+echo,eval=skip")
     handle = mtp_hooks.attach(model)
