@@ -10,7 +10,8 @@
 # runs in the next session, ARMS="M:2", with the same seed (pretraining is seeded; compare its
 # logged losses between the two sessions, since MoE kernels and the time limit may differ).
 # Each arm ends by its step count or by megatron's own time limit (ARM_MINUTES, counted from
-# the arm's start, its start-up included).
+# the arm's start, its start-up included). GPU_TESTS=1 runs tests/gpu once after staging, before
+# anything is timed, so that a session that changed the library checks it on the GPU first.
 set -uo pipefail
 RUN="$(cd "$(dirname "$0")/.." && pwd)/run.sh"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
@@ -19,6 +20,7 @@ export MODEL=hybrid PACK="${PACK:-0}" SEED="${SEED:-1}"
 STEPS="${STEPS:-40}"; MINUTES="${ARM_MINUTES:-5}"; ARMS="${ARMS:-H:2 H:0}"
 
 bash "$RUN" stage || exit 1
+[ "${GPU_TESTS:-0}" = 1 ] && bash "$RUN" gpu_tests
 PRETRAIN_MINUTES="${PRETRAIN_MINUTES:-4}" bash "$RUN" pretrain "${PRETRAIN_ITERS:-300}"
 [ -d /tmp/ckpt ] || { echo ">> no checkpoint: no arm can load one" >> "$OUT/log.txt"; exit 1; }
 
