@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from . import _option_base, _options, _phase_catalogue, _phases, _roles, _runtime, _sources
 from ._errors import MTPHooksError, PolicyConflictError
@@ -23,6 +23,9 @@ from ._forward_call import ForwardCall
 from ._option_base import Ask, Options
 from ._plugin_registry import registry as _registry
 from ._policy_entry import PolicyEntry
+
+if TYPE_CHECKING:
+    from ._policy_snapshot import PolicySnapshot
 
 logger = logging.getLogger("mtp_hooks")
 
@@ -68,28 +71,20 @@ class Decision:
         return ",".join(self.voters) if self.kind == "plugins" else self.kind
 
 
-def _reused_votes(model: Any, role: str | None, phase: Any) -> Decision | None:
-    """The plugins' decision for ``model`` in ``phase`` kept by :func:`_keep_votes` at this
-    generation, if any: cacheable votes are asked once even where an option's plugin answer
-    (a ``mtp_loss_scale``) is asked at every forward."""
-    try:
-        kept = _runtime.current.votes_memo.get(model)
-    except TypeError:  # a model that cannot be held weakly: never kept
-        return None
-    return None if kept is None else kept.get((role, phase))
+class Ballot(Protocol):
+    """What a decision may ask the plugins (:func:`combine` asks only what it needs)."""
+
+    def votes(self) -> Mapping[str, bool | None]:
+        """Each plugin's ``should_run_mtp`` vote by name, sorted by name."""
+
+    def implements(self, hook: str) -> bool:
+        """Whether any plugin implements ``hook``."""
+
+    def answers(self, hook: str) -> list[tuple[str, Any]]:
+        """Each implementing plugin's raw answer to an option's ``hook``, by name."""
 
 
-def _keep_votes(model: Any, role: str | None, phase: Any, decision: Decision) -> None:
-    try:
-        _runtime.current.votes_memo.setdefault(model, {})[(role, phase)] = decision
-    except TypeError:
-        pass
-
-
-def _plugin_decision(
-    model: Any, phase: Any, role: str | None, call: ForwardCall | None
-) -> Decision:
-    votes = MappingProxyType(dict(sorted(_registry().votes(model, phase, call))))
+def _by_votes(votes: Mapping[str, bool | None], phase: Any, role: str | None) -> Decision:
     cast = {v for v in votes.values() if v is not None}
     if len(cast) > 1:
         listed = ", ".join(
@@ -117,29 +112,98 @@ def _options_set(decision: Decision) -> list[tuple[str, Any]]:
 
 
 def _with_options(
-    decision: Decision, entry: PolicyEntry | None, model: Any, phase: Any, role: str | None
-) -> tuple[Decision, bool]:
+    decision: Decision, entry: PolicyEntry | None, ballot: Ballot, phase: Any, role: str | None
+) -> Decision:
     """``decision`` (one that runs MTP) with what each policy option decides, in the options'
-    order (``objective`` reads what ``detach`` decided); and whether it may still be cached
-    (an answer asked of plugins at every forward may follow the step: it may not). An option
-    is asked only where the config names this key or a plugin implements its hook."""
-    registry = _registry()
-    implements = registry.implements
+    order (``objective`` reads what ``detach`` decided). An option is asked only where the
+    config names this key or a plugin implements its hook."""
+    implements = ballot.implements
     given = None if entry is None else entry.options
-    options, fresh, ask = decision.options, True, None
+    options, ask = decision.options, None
     for option in _options.OPTIONS:
         if entry is None and (option.hook is None or not implements(option.hook)):
             continue
         if ask is None:  # made only where an option is asked: a plugin vote decides per forward
-            ask = Ask(lambda hook: registry.answers(hook, model, phase), implements, phase, role)
+            ask = Ask(ballot.answers, implements, phase, role)
         ask.asked = False
         fields = option.decide(given, options, ask)
         if fields is not None:
             options = options.with_fields(fields, option.name, ask.by if ask.asked else "config")
-        fresh = fresh and not ask.asked
     if options is decision.options:
-        return decision, fresh
-    return replace(decision, options=options), fresh
+        return decision
+    return replace(decision, options=options)
+
+
+def combine(
+    policy: PolicySnapshot, role: str | None, phase: _phases.Phase | str, ballot: Ballot
+) -> Decision:
+    """The combination rule (the module docstring) for ``role`` in ``phase``: a function of
+    the policy snapshot and what ``ballot`` answers alone, as pluggy's ``_multicall`` is of a
+    hook's implementations and arguments. The plugins are asked for votes only where the
+    config does not decide, and for an option's answers only where MTP runs.
+
+    Raises:
+        PolicyError: The policy file is broken, or a plugin's answer is not allowed.
+        PolicyConflictError: Plugins disagree and the config does not settle it.
+    """
+    entry = policy.lookup(role, str(phase))
+    if entry is not None and entry.value != "auto":
+        decision = Decision(
+            run=entry.value == "run", kind="config", phase=phase, role=role, source=entry.source
+        )
+    else:
+        decision = _by_votes(ballot.votes(), phase, role)
+    if decision.run:
+        decision = _with_options(decision, entry, ballot, phase, role)
+    return decision
+
+
+class _PluginBallot:
+    """The registry's answers for one model, phase and forward call, and what asking them
+    means for caching: votes kept for the model are handed out again while the registry's
+    votes are cacheable, and an option's answer, asked at every forward, is never cached."""
+
+    __slots__ = ("model", "phase", "role", "call", "trace", "reusable", "answered", "_registry")
+
+    def __init__(
+        self, model: Any, phase: Any, role: str | None, call: ForwardCall | None, trace: bool
+    ) -> None:
+        self.model, self.phase, self.role, self.call, self.trace = model, phase, role, call, trace
+        self._registry = _registry()
+        self.reusable = False
+        """Whether the votes asked may be reused for this model and phase (kept, or kept
+        now); a traced decision is logged at every call, so it is never reused."""
+        self.answered = False
+        """Whether an option's hook was asked."""
+
+    def votes(self) -> Mapping[str, bool | None]:
+        key = (self.role, self.phase)
+        self.reusable = not self.trace and self._registry.votes_cacheable()
+        if self.reusable:
+            try:
+                kept = _runtime.current.votes_memo.get(self.model)
+            except TypeError:  # a model that cannot be held weakly: never kept
+                kept = None
+            if kept is not None and key in kept:
+                return kept[key]
+        votes = MappingProxyType(
+            dict(sorted(self._registry.votes(self.model, self.phase, self.call)))
+        )
+        if self.call is not None and self.call.read:  # a vote followed this call's arguments
+            self.reusable = False
+        if self.reusable:
+            try:
+                _runtime.current.votes_memo.setdefault(self.model, {})[key] = votes
+            except TypeError:
+                pass
+        return votes
+
+    def implements(self, hook: str) -> bool:
+        return self._registry.implements(hook)
+
+    def answers(self, hook: str) -> list[tuple[str, Any]]:
+        self.answered = True
+        return self._registry.answers(hook, self.model, self.phase)
 
 
 def decide(model: Any, phase: _phases.Phase | str) -> Decision:
@@ -170,66 +234,36 @@ def decide_normalized(
     """:func:`decide` for a phase already normalized; also says whether the result may be cached.
     ``call``: the forward being decided, which plugins' votes may read.
 
-    A decision may be reused for this model and phase until the runtime's ``generation``
+    This is :func:`combine` on the policy in force (:func:`mtp_hooks._sources.refresh`), with
+    its caches. A decision may be reused for this model and phase until the snapshot's version
     changes when no plugin was consulted (the config decided, or no plugin implements
     ``should_run_mtp``) or every plugin that votes is a ``cacheable_vote`` and none read the
-    forward call, and no ``mtp_loss_scale`` plugin gave its weight. Cacheable votes are kept
-    per model and phase even where such a weight is asked again (:func:`_reused_votes`). Only
+    forward call, and no plugin was asked an option's answer (a ``mtp_loss_scale``). Cacheable
+    votes are kept per model and phase even where such an answer is asked again. Only
     decisions that consulted no plugin are also shared across models of one role (a vote may
     depend on the model).
     """
-    generation = _sources.refresh()
+    policy = _sources.refresh()
     runtime = _runtime.current
     memo = runtime.memo
-    if runtime.memo_generation != generation:
+    if runtime.memo_version != policy.version:
         memo.clear()
         runtime.votes_memo.clear()
-        runtime.memo_generation = generation
+        runtime.memo_version = policy.version
     decision = memo.get((role, phase))
     if decision is not None:
         return decision, True
+    ballot = _PluginBallot(model, phase, role, call, policy.trace)
     try:
-        return _decide(model, phase, role, memo, call)
+        decision = combine(policy, role, phase, ballot)
     except MTPHooksError as error:  # a plugin's answer, or a refusal: name the phase and role
         error.fill(phase=str(phase), role=role)
         raise
-
-
-def _decide(
-    model: Any,
-    phase: _phases.Phase | str,
-    role: str | None,
-    memo: dict[Any, Decision],
-    call: ForwardCall | None,
-) -> tuple[Decision, bool]:
-    """:func:`decide_normalized` where its memo holds no decision."""
-    tracing = _sources.tracing()
-    entry = _sources.lookup(role, str(phase))
-    if entry is not None and entry.value != "auto":
-        decision = Decision(
-            run=entry.value == "run", kind="config", phase=phase, role=role, source=entry.source
-        )
-        shared = True
-        cacheable = not tracing  # a traced decision is logged at every call
-    else:
-        reusable = _registry().votes_cacheable() and not tracing
-        kept = _reused_votes(model, role, phase) if reusable else None
-        if kept is not None:
-            decision = kept
-        else:
-            decision = _plugin_decision(model, phase, role, call)
-            if call is not None and call.read:  # a vote followed this call's arguments
-                reusable = False
-            if reusable:
-                _keep_votes(model, role, phase, decision)
-        shared = not decision.votes
-        cacheable = (shared or reusable) and not tracing
-    if decision.run:
-        decision, fresh = _with_options(decision, entry, model, phase, role)
-        cacheable = cacheable and fresh
+    shared = not decision.votes  # no plugin voted: a pure function of (role, phase)
+    cacheable = (shared or ballot.reusable) and not policy.trace and not ballot.answered
     if cacheable and shared:
-        memo[(role, phase)] = decision  # a pure function of (role, phase) until a change
-    if tracing:
+        memo[(role, phase)] = decision
+    if policy.trace:
         logger.info(
             "mtp_hooks decision: phase=%s role=%s votes=%s run=%s decided_by=%s%s%s",
             phase,

@@ -2,26 +2,30 @@
 
 A :class:`Runtime` holds two kinds of state:
 
-* **The policy** (replaced by :func:`mtp_hooks.testing.reset`): the plugin registry, the policy
-  sources, the phases declared through the API, the models' roles, the memo of config
-  decisions. Whatever changes one of them calls :func:`advance`, so a gate may reuse a decision
-  for as long as ``current.generation`` stands still.
+* **The policy** (replaced by :func:`mtp_hooks.testing.reset`): the snapshot of the policy in
+  force (:class:`~mtp_hooks._policy_snapshot.PolicySnapshot`, immutable, with a version), the
+  sources it is read from, the plugin registry, the phases declared through the API, the
+  models' roles, and the memo of decisions made from the snapshot. Whatever changes what a
+  decision reads calls :func:`advance`, which puts the snapshot's next version in force, so a
+  gate may reuse a decision for as long as the version stands still.
 * **The models and the process** (kept across a reset, since they belong to models that stay
   attached, or to the interpreter): the table of attached models, auto-attach's registries,
   the gates that follow every change, each thread's frame reader, the warnings already given,
   and the callbacks that run at a reset.
 
 Gates read the object through this one module attribute. Nothing is created at import time but
-an empty :class:`Runtime`; the registry (with its entry points) and the policy state are built
-on first use.
+an empty :class:`Runtime`; the registry (with its entry points) and the policy's sources are
+built on first use.
 """
 
 from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
+
+from ._policy_snapshot import PolicySnapshot
 
 
 class AutoAttachState:
@@ -63,29 +67,30 @@ class Runtime:
     """The state of mtp-hooks in this process (see the module docstring)."""
 
     __slots__ = (
-        "generation",
+        "snapshot",
         "watching",
-        "policy",
+        "sources",
         "registry",
         "phases",
         "roles",
         "memo",
         "votes_memo",
-        "memo_generation",
+        "memo_version",
         *KEPT,
     )
 
-    def __init__(self, generation: int = 0) -> None:
+    def __init__(self, version: int = 0) -> None:
         # -- the policy ------------------------------------------------------------------------
-        self.generation = generation
-        """Advances whenever anything a decision depends on changes."""
+        self.snapshot = PolicySnapshot(version)
+        """The policy in force; a new version whenever anything a decision reads changes."""
         self.watching = True
-        """Whether :func:`mtp_hooks._sources.generation` has work: the environment is unread,
-        or a policy file is watched. Gates call it only then."""
-        # The two below are typed where they are made and read (_sources._state() and
+        """Whether :func:`mtp_hooks._sources.refresh` has work: the environment is unread, or a
+        policy file is watched. Gates call it only then."""
+        # The two below are typed where they are made and read (_sources._sources() and
         # _plugin_registry.registry()): this ground-floor module names no higher one.
-        self.policy: Any = None
-        """The policy sources in force (made at first use, swapped whole by ``reload()``)."""
+        self.sources: Any = None
+        """What the snapshot is read from (made at first use, swapped whole by
+        ``reload()``)."""
         self.registry: Any = None
         """The plugin registry, built with its entry points at first use."""
         self.phases: set[str] = set()
@@ -93,13 +98,14 @@ class Runtime:
         self.roles: weakref.WeakKeyDictionary[object, str] = weakref.WeakKeyDictionary()
         """Each model's role, held weakly."""
         self.memo: dict[tuple[str | None, Any], Any] = {}
-        """Decisions that consulted no plugin, by (role, phase), for ``memo_generation``."""
-        self.votes_memo: weakref.WeakKeyDictionary[object, dict[Any, Any]] = (
+        """Decisions that consulted no plugin, by (role, phase), made from the snapshot of
+        version ``memo_version``."""
+        self.votes_memo: weakref.WeakKeyDictionary[object, dict[Any, Mapping[str, bool | None]]] = (
             weakref.WeakKeyDictionary()
         )
-        """The plugins' cacheable votes, per model (held weakly) and (role, phase), for
-        ``memo_generation``."""
-        self.memo_generation = -1
+        """The plugins' cacheable votes by name, per model (held weakly) and (role, phase),
+        given at ``memo_version``."""
+        self.memo_version = -1
         # -- the models and the process (KEPT: carried over by replace()) ---------------
         self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
         """Objects whose ``after_advance()`` runs after every :func:`advance`, held weakly:
@@ -120,19 +126,21 @@ class Runtime:
 current = Runtime()
 
 
-def advance() -> None:
-    """Invalidate every cached decision, and tell the listeners."""
-    current.generation += 1
+def advance(**changes: Any) -> None:
+    """Put the snapshot's next version in force, with ``changes`` to its fields (the sources
+    pass ``entries``, ``trace`` and ``error``; anything else that a decision reads passes
+    none): every cached decision and plan is stale. Then tell the listeners."""
+    current.snapshot = current.snapshot.advanced(**changes)
     _tell_listeners()
 
 
 def replace() -> None:
-    """Start over with a fresh policy (:func:`mtp_hooks.testing.reset`). The counter keeps
+    """Start over with a fresh policy (:func:`mtp_hooks.testing.reset`). The version keeps
     counting, so no decision a gate cached before can pass for a new one; what belongs to
     models and to the process (:data:`KEPT`) is carried over, and the listeners are
     told."""
     global current
-    fresh = Runtime(current.generation + 1)
+    fresh = Runtime(current.snapshot.version + 1)
     for name in KEPT:
         setattr(fresh, name, getattr(current, name))
     current = fresh

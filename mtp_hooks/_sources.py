@@ -11,6 +11,10 @@ Sources merge key by key: an entry of a higher source replaces the same (role, p
 lower one. The environment is read at first use and by :func:`reload`; the file's content is
 re-checked at most every ``MTP_HOOKS_CONFIG_POLL`` seconds in a single process (``never``: only
 by :func:`reload`), never on its own with several ``torch.distributed`` ranks.
+
+What the sources read is published as a new :class:`~mtp_hooks._policy_snapshot.PolicySnapshot`
+(:func:`mtp_hooks._runtime.advance`); decisions read that, and :func:`refresh` is the one point
+where the sources are read.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from . import _env, _phase_catalogue, _runtime
 from ._errors import PolicyError
 from ._policy import ENV_CONFIG, parse_file, parse_policy, read_bytes
 from ._policy_entry import Key, PolicyEntry
+from ._policy_snapshot import PolicySnapshot
 
 ENV_POLICY = "MTP_HOOKS_POLICY"
 ENV_POLL = "MTP_HOOKS_CONFIG_POLL"
@@ -43,8 +48,9 @@ def _distributed_world() -> bool:
     )
 
 
-class PolicyState:
-    """The configured policy, the environment sources as last read, and the merged view.
+class PolicySources:
+    """The configured policy and the environment sources as last read; what they say together
+    is published as the runtime's snapshot while these are the sources in force.
 
     The environment (``MTP_HOOKS_POLICY``, ``MTP_HOOKS_CONFIG``, ``MTP_HOOKS_TRACE``) is read at
     first use and by :func:`reload`. The file's content is checked for changes at most once per
@@ -64,7 +70,6 @@ class PolicyState:
         self.file_bytes: bytes | None = None
         self.file_entries: dict[Key, PolicyEntry] = {}
         self.file_error: PolicyError | None = None
-        self.merged: dict[Key, PolicyEntry] = {}
 
     # -- reading the sources -------------------------------------------------------------------
     def load_environment(self, shared: tuple[str | None, bytes | None] | None = None) -> None:
@@ -82,10 +87,10 @@ class PolicyState:
         self.file_bytes, self.file_entries, self.file_error = content, entries, None
         self.trace = _env.flag(ENV_TRACE)
         self.loaded = True
-        if _runtime.current.policy is self:
-            _watch(self)
         self.next_poll = time.monotonic() + poll
-        self.rebuild()
+        if _runtime.current.sources is self:
+            _watch(self)
+            self.publish()
 
     def check_file(self) -> None:
         """Re-read the policy file if its content changed (single process, rate-limited)."""
@@ -100,10 +105,9 @@ class PolicyState:
             entries = parse_file(self.path, content)
         except PolicyError as exc:
             self.file_error = exc  # raised at every decision until the file is fixed
-            _runtime.advance()
-            return
-        self.file_bytes, self.file_entries, self.file_error = content, entries, None
-        self.rebuild()
+        else:
+            self.file_bytes, self.file_entries, self.file_error = content, entries, None
+        self.publish()
 
     def watches_file(self) -> bool:
         """Whether a policy file is set and polled (``MTP_HOOKS_CONFIG_POLL`` is not ``never``)."""
@@ -113,27 +117,10 @@ class PolicyState:
         """Whether a policy file is re-read on its own, at decisions (single process, polled)."""
         return self.watches_file() and not _distributed_world()
 
-    def rebuild(self) -> None:
-        self.merged = {**self.file_entries, **self.env_policy, **self.api}
-        _runtime.advance()
-
-    # -- answering -------------------------------------------------------------------------------
-    def current(self) -> dict[Key, PolicyEntry]:
-        if not self.loaded:
-            self.load_environment()
-        else:
-            self.check_file()
-        if self.file_error is not None:
-            raise self.file_error
-        return self.merged
-
-    def lookup(self, role: str | None, phase: str) -> PolicyEntry | None:
-        merged = self.current()
-        if role is not None:
-            entry = merged.get((role, phase))
-            if entry is not None:
-                return entry
-        return merged.get((None, phase))
+    def publish(self) -> None:
+        """Put what the sources say in force, as the snapshot's next version."""
+        merged = {**self.file_entries, **self.env_policy, **self.api}
+        _runtime.advance(entries=merged, trace=self.trace, error=self.file_error)
 
 
 def _poll_seconds() -> float:
@@ -151,19 +138,19 @@ def _poll_seconds() -> float:
     return value
 
 
-def _state() -> PolicyState:
-    """The policy in force (``current.policy``), made at first use; ``reload()`` swaps it whole,
-    never half-updated."""
+def _sources() -> PolicySources:
+    """The sources in force (``current.sources``), made at first use; ``reload()`` swaps them
+    whole, never half-updated."""
     runtime = _runtime.current
-    state: PolicyState | None = runtime.policy
+    state: PolicySources | None = runtime.sources
     if state is None:
-        state = runtime.policy = PolicyState()
+        state = runtime.sources = PolicySources()
     return state
 
 
-def _watch(state: PolicyState) -> None:
-    """Set the runtime's ``watching`` for ``state``, the policy in force: whether
-    :func:`generation` has anything to do (the environment is unread, or a file is watched)."""
+def _watch(state: PolicySources) -> None:
+    """Set the runtime's ``watching`` for ``state``, the sources in force: whether
+    :func:`refresh` has anything to do (the environment is unread, or a file is watched)."""
     _runtime.current.watching = not state.loaded or state.watches_file()
 
 
@@ -184,9 +171,9 @@ def configure(policy: str | Mapping[str, Any] | None) -> None:
 def configure_as(policy: str | Mapping[str, Any] | None, source: str) -> None:
     """:func:`configure`, its entries and errors naming ``source`` (the CLI's ``--policy``)."""
     entries = {} if policy is None else parse_policy(policy, source)
-    state = _state()
+    state = _sources()
     state.api = entries
-    state.rebuild()
+    state.publish()
 
 
 def use_only(policy: str, source: str) -> None:
@@ -194,12 +181,10 @@ def use_only(policy: str, source: str) -> None:
     CLI's ``explain --policy``: what that policy alone decides, whatever the job's
     ``MTP_HOOKS_POLICY`` and ``MTP_HOOKS_CONFIG`` say, broken or not)."""
     entries = parse_policy(policy, source)
-    state = PolicyState()
+    state = PolicySources()
     state.loaded = True
     state.api = entries
-    _runtime.current.policy = state
-    _watch(state)
-    state.rebuild()
+    _swap(state)
 
 
 def reload() -> None:
@@ -223,26 +208,26 @@ def reload() -> None:
             box[0] = (os.environ.get(ENV_POLICY), read_bytes(path) if path else None)
         dist.broadcast_object_list(box, src=0)
         shared = box[0]
-    candidate = PolicyState()
-    candidate.api = _state().api
+    candidate = PolicySources()
+    candidate.api = _sources().api
     candidate.load_environment(shared)  # validates everything before the swap
     _swap(candidate)
 
 
-def _swap(state: PolicyState) -> None:
-    _runtime.current.policy = state
+def _swap(state: PolicySources) -> None:
+    _runtime.current.sources = state
     _watch(state)
-    _runtime.advance()
+    state.publish()
 
 
 def lookup(role: str | None, phase: str) -> PolicyEntry | None:
     """Return the config entry for (role, phase): role-scoped first, then the plain phase."""
-    return _state().lookup(role, phase)
+    return refresh().lookup(role, phase)
 
 
 def configured_roles() -> list[str]:
     """The roles the policy in force names in its entries, sorted."""
-    return sorted({role for role, _ in _state().current() if role is not None})
+    return refresh().roles()
 
 
 def configured_with(role: str | None, option: str) -> list[str]:
@@ -254,29 +239,25 @@ def configured_with(role: str | None, option: str) -> list[str]:
 
 def polls_file() -> bool:
     """Whether the policy in force re-reads its file on its own, at decisions."""
-    state = _state()
-    if not state.loaded:
-        state.current()
-    return state.polls_file()
+    refresh()
+    return _sources().polls_file()
 
 
-def tracing() -> bool:
-    """Whether ``MTP_HOOKS_TRACE`` was on when the environment was last read."""
-    return _state().trace
-
-
-def refresh() -> int:
-    """Bring the policy in force up to date with its sources, and return the decision-cache
-    counter (``_runtime.current.generation``) that follows it.
+def refresh() -> PolicySnapshot:
+    """Bring the policy in force up to date with its sources, and return its snapshot.
 
     The one point where the sources are read: the environment at the first decision, and the
     policy file (by content, at most every ``MTP_HOOKS_CONFIG_POLL`` seconds) at later ones.
     Every decision refreshes before it reads its cache; a gate's planner refreshes before it
     reuses a plan only while the runtime is ``watching`` (a source not read yet, or a file to
-    poll), and otherwise reads the counter alone."""
-    state = _state()
+    poll), and otherwise reads the snapshot's version alone.
+
+    Raises:
+        PolicyError: The environment, read for the first time, is malformed.
+    """
+    state = _sources()
     if not state.loaded:
-        state.current()
+        state.load_environment()
     elif state.path is not None:
         state.check_file()
-    return _runtime.current.generation
+    return _runtime.current.snapshot

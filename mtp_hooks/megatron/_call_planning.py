@@ -48,7 +48,7 @@ class CallPlanner:
             whose replays are checked per call).
         local_graphs, full_graphs, ep_overlap, detach_refusal, standalone: The execution mode
             (:class:`._refusals.ExecutionMode`).
-        policy_checked: The generation whose policy was last checked against the model.
+        policy_checked: The snapshot version whose policy was last checked against the model.
         counts: The counters by phase (:mod:`._phase_counters`).
         cache: The plan by phase.
     """
@@ -137,8 +137,8 @@ class CallPlanner:
         else:
             cached = self.cache.get(phase)
             runtime = _runtime.current  # while watching, refresh() reads the sources
-            generation = _sources.refresh() if runtime.watching else runtime.generation
-            if cached is None or cached.generation != generation or self.checks:
+            policy = _sources.refresh() if runtime.watching else runtime.snapshot
+            if cached is None or cached.version != policy.version or self.checks:
                 plan = _phase_plan.plan(self, module, phase, ForwardCall(args, kwargs, self.names))
             else:
                 plan = cached

@@ -1,7 +1,8 @@
 """A phase's plan: the decision for one model and phase, turned into what the hooks do.
 
 A gate plans each phase once and reuses the plan for as long as nothing a decision depends on
-changes (``_runtime.current.generation``), unless a per-call check is on. Planning also checks
+changes (the version of the policy snapshot, ``_runtime.current.snapshot``), unless a per-call
+check is on. Planning also checks
 what the decision asks of this model (``+detach`` where it cannot work, rank agreement,
 CUDA-graph replays), so a refusal comes before the forward changes anything.
 """
@@ -36,8 +37,8 @@ class PhasePlan:
 
     phase: Any
     """The phase it plans."""
-    generation: int
-    """The runtime generation it was made at (:mod:`mtp_hooks._runtime`)."""
+    version: int
+    """The version of the policy snapshot it was made at (:mod:`mtp_hooks._policy_snapshot`)."""
     run: bool
     """Whether MTP runs."""
     counters: list[int]
@@ -56,7 +57,7 @@ class PhasePlan:
     def plainly(self, run: bool) -> PhasePlan:
         """This plan with ``run`` and none of its options: what a standalone layout's loss
         stage does when the MTP stage decided otherwise for a microbatch."""
-        return _plain(self.phase, self.generation, run, self.counters)
+        return _plain(self.phase, self.version, run, self.counters)
 
     def asked(self, needing_a_run: bool = False) -> list[str]:
         """What this plan asks beyond a plain run or skip, as the options name it; with
@@ -81,8 +82,8 @@ KINDS: Final[tuple[tuple[str, Kind], ...]] = (
 begins them: a mask comes before the metrics that read it."""
 
 
-def _plain(phase: Any, generation: int, run: bool, counters: list[int]) -> PhasePlan:
-    return PhasePlan(phase, generation, run, counters, _options.plain(), None, False, ())
+def _plain(phase: Any, version: int, run: bool, counters: list[int]) -> PhasePlan:
+    return PhasePlan(phase, version, run, counters, _options.plain(), None, False, ())
 
 
 class Planner(_refusals.ExecutionMode, Protocol):
@@ -108,7 +109,7 @@ def check_policy(gate: Planner, module: torch.nn.Module, role: str | None) -> No
     with about(role=role):  # each refusal is of this model's (role's) policy
         if gate.ep_overlap:
             decision, _ = _decision.decide_normalized(module, _phases.Phase.TRAIN, role)
-            training = _made(_phases.Phase.TRAIN, _sources.refresh(), [], decision)
+            training = _made(_phases.Phase.TRAIN, _sources.refresh().version, [], decision)
             asked = training.asked()
             if not training.run or asked:
                 _refusals.refuse_ep_overlap("skip" if not training.run else " and ".join(asked))
@@ -125,11 +126,11 @@ def plan(
         UnsupportedModelError: The policy asks for what this model cannot do.
         DecisionMismatchError: Ranks that must agree did not (``verify``).
     """
-    generation = _sources.refresh()
+    version = _sources.refresh().version
     role = _roles.role_of(module)
-    if gate.policy_checked != generation:
+    if gate.policy_checked != version:
         check_policy(gate, module, role)
-        gate.policy_checked = generation
+        gate.policy_checked = version
     decision, cacheable = _decision.decide_normalized(module, phase, role, call)
     if gate.verify and not (gate.full_graphs and _cuda_graphs.capturing()):
         _rank_agreement.verify(decision, phase)  # host syncs: never inside a capture
@@ -143,17 +144,17 @@ def plan(
             by = decision.options.by("detach")
             by = "the policy config" if by == "config" else f"plugin {by}"
             _refusals.refuse_detach(str(phase), by, refusal)
-    made = _made(phase, generation, gate.counters(phase), decision)
+    made = _made(phase, version, gate.counters(phase), decision)
     if cacheable:
         gate.cache[phase] = made
     return made
 
 
-def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> PhasePlan:
+def _made(phase: Any, version: int, counters: list[int], decision: Any) -> PhasePlan:
     """The plan of ``decision`` (a :class:`~mtp_hooks._decision.Decision`), unchecked: what
     each option's plan part changes (:meth:`mtp_hooks._options.Option.plan`)."""
     if not decision.run:
-        return _plain(phase, generation, False, counters)
+        return _plain(phase, version, False, counters)
     options, implements = decision.options, registry().implements
     changes: dict[str, Any] = {}
     into_layers, asking = False, []
@@ -182,7 +183,7 @@ def _made(phase: Any, generation: int, counters: list[int], decision: Any) -> Ph
         extensions = tuple(kind for name, kind in KINDS if name in asking)
     return PhasePlan(
         phase,
-        generation,
+        version,
         True,
         counters,
         options,

@@ -22,7 +22,8 @@ PACKAGES = [ROOT / "mtp_hooks", *sorted((ROOT / "plugins").glob("*/mtp_hooks_*")
 # or inside a function (TYPE_CHECKING imports are annotations, and may point anywhere).
 LAYERS = {
     "ground floor": [
-        "mtp_hooks._errors", "mtp_hooks._env", "mtp_hooks._runtime", "mtp_hooks._phases",
+        "mtp_hooks._errors", "mtp_hooks._env", "mtp_hooks._policy_snapshot", "mtp_hooks._runtime",
+        "mtp_hooks._phases",
         "mtp_hooks._weights", "mtp_hooks._metrics", "mtp_hooks._forward_call",
         "mtp_hooks.hookspecs",
     ],

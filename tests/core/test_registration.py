@@ -118,7 +118,7 @@ def test_importing_mtp_hooks_has_no_side_effects():
     code = (
         "import sys, mtp_hooks, mtp_hooks._runtime as r;"
         "assert r.current.registry is None, 'plugin manager created at import';"
-        "assert r.current.policy is None, 'policy sources read at import';"
+        "assert r.current.sources is None, 'policy sources read at import';"
         "assert 'megatron' not in sys.modules, 'megatron imported';"
         "assert 'torch' not in sys.modules, 'torch imported';"
         "print('clean')"
@@ -138,7 +138,7 @@ def test_reset_replaces_every_store_at_once_and_cached_decisions_cannot_survive_
     before = _runtime.current
     mtp_hooks.testing.reset()
     after = _runtime.current
-    assert after is not before and after.generation > before.generation
+    assert after is not before and after.snapshot.version > before.snapshot.version
     assert mtp_hooks.role_of(model) is None and mtp_hooks.decide(model, "eval").run is True
     with pytest.raises(mtp_hooks.PolicyError, match="unknown phase 'distill'"):
         mtp_hooks.decide(None, "distill")
