@@ -12,7 +12,7 @@ The outcome never depends on pluggy's call order.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, Protocol
@@ -163,13 +163,26 @@ class _PluginBallot:
     means for caching: votes kept for the model are handed out again while the registry's
     votes are cacheable, and an option's answer, asked at every forward, is never cached."""
 
-    __slots__ = ("model", "phase", "role", "call", "trace", "reusable", "answered", "_registry")
+    __slots__ = (
+        "model",
+        "phase",
+        "role",
+        "call",
+        "trace",
+        "reusable",
+        "answered",
+        "implements",
+        "_registry",
+    )
 
     def __init__(
         self, model: Any, phase: Any, role: str | None, call: ForwardCall | None, trace: bool
     ) -> None:
         self.model, self.phase, self.role, self.call, self.trace = model, phase, role, call, trace
         self._registry = _registry()
+        self.implements: Callable[[str], bool] = self._registry.implements
+        """Whether any plugin implements a hook (the registry's own, asked once per option and
+        decision: no call of this object's in between)."""
         self.reusable = False
         """Whether the votes asked may be reused for this model and phase (kept, or kept
         now); a traced decision is logged at every call, so it is never reused."""
@@ -177,8 +190,8 @@ class _PluginBallot:
         """Whether an option's hook was asked."""
 
     def votes(self) -> Mapping[str, bool | None]:
-        key = (self.role, self.phase)
         self.reusable = not self.trace and self._registry.votes_cacheable()
+        key = (self.role, self.phase)
         if self.reusable:
             try:
                 kept = _runtime.current.votes_memo.get(self.model)
@@ -197,9 +210,6 @@ class _PluginBallot:
             except TypeError:
                 pass
         return votes
-
-    def implements(self, hook: str) -> bool:
-        return self._registry.implements(hook)
 
     def answers(self, hook: str) -> list[tuple[str, Any]]:
         self.answered = True
