@@ -23,6 +23,12 @@ round, in an order that rotates every round:
   One round of ``s`` and ``x`` each is also run under ``torch.profiler``, and the operators that
   take the most host and device time are recorded.
 
+With ``--profile``, the run and skip pairs also run one round of each case under
+``torch.profiler`` after the timed rounds: per case, the host time (the operators' own CPU
+time, summed), the device time (the kernels' own time, summed), the kernel launches, and the
+operators that take the most of each. Where the device time of two cases agrees and their
+wall time does not, the difference is on the host.
+
 The third case is the control: ``a2/a`` (or ``d2/d``) shows how far two identical cases read
 apart on this machine, which is the resolution of the claim's ratio.
 
@@ -35,7 +41,6 @@ Output: a JSON line and a markdown table.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import random
@@ -46,10 +51,12 @@ import warnings
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_mtp import (  # noqa: E402
+    SIZES,
     add_model_arguments,
     batch_and_steps,
     build_models,
     check_device,
+    megatron_core_version,
     time_steps,
     timed,
 )
@@ -85,6 +92,28 @@ def paired_ratio(xs: list[float], ys: list[float]) -> dict[str, float]:
     return {"median": statistics.median(within), "low": low, "high": high}
 
 
+def profiler():
+    """A ``torch.profiler`` of host operators and device kernels, to enter around what it
+    measures and hand to :func:`profile_summary`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    return profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+
+
+def profile_summary(prof) -> dict:
+    """What ``prof`` saw: the host and device time in ms (each operator's own time, summed),
+    the kernel launches, and the tables of the operators that take the most of each."""
+    averages = prof.key_averages()
+    return {
+        "host_ms": sum(e.self_cpu_time_total for e in averages) / 1e3,
+        "device_ms": sum(e.self_device_time_total for e in averages) / 1e3,
+        "kernels": sum(e.count for e in averages if e.self_device_time_total > 0),
+        "host": averages.table(sort_by="self_cpu_time_total", row_limit=12),
+        "device": averages.table(sort_by="self_device_time_total", row_limit=12),
+        "events": len(averages),
+    }
+
+
 def run(args) -> dict:
     import torch
 
@@ -96,6 +125,11 @@ def run(args) -> dict:
         (mtp,), plain = build_models(args, True), None
     baseline, measured_case, control = cases = PAIRS[args.pair]
     _, steps = batch_and_steps(args)
+    params = {
+        name: sum(p.numel() for p in model.parameters())
+        for name, model in (("mtp_model", mtp), ("plain_model", plain))
+        if model is not None
+    }
 
     def once(case: str) -> tuple[float, float, float]:
         hooked = case == measured_case
@@ -110,6 +144,13 @@ def run(args) -> dict:
                 handle.remove()
         return train, fwd, ev
 
+    def profile_case(case: str) -> dict:
+        prof = profiler()
+        with prof:
+            wall = once(case)
+            torch.cuda.synchronize()
+        return {"wall_ms": dict(zip(TIMINGS, wall, strict=True)), **profile_summary(prof)}
+
     times: dict[str, dict[str, list[float]]] = {c: {t: [] for t in TIMINGS} for c in cases}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -121,6 +162,9 @@ def run(args) -> dict:
                     for t, value in zip(TIMINGS, measured, strict=True):
                         times[case][t].append(value)
             progress(r, args)
+        profiles = {}
+        if args.profile and torch.cuda.is_available():
+            profiles = {case: profile_case(case) for case in cases}
     ratios = {}
     for x, y in ((measured_case, baseline), (control, baseline)):
         ratios[f"{x}/{y}"] = {}
@@ -132,13 +176,17 @@ def run(args) -> dict:
         "spec": args.spec,
         "fp8": args.fp8,
         "pair": args.pair,
+        "sizes": {k: getattr(args, k) for k in SIZES},
+        **({"pattern": args.pattern, "experts": args.experts} if args.model == "nemotron" else {}),
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        "megatron_core": importlib.metadata.version("megatron-core"),
+        "megatron_core": megatron_core_version(),
         "rounds": args.rounds,
         "warmup": args.warmup,
         "medians_ms": {c: {t: statistics.median(v) for t, v in times[c].items()} for c in cases},
+        "params": params,
         "ratios": ratios,
+        "profiles": profiles,
     }
 
 
@@ -201,17 +249,10 @@ def run_change(args) -> dict:
             progress(r, args)
         profiles = {}
         if torch.cuda.is_available():
-            from torch.profiler import ProfilerActivity, profile
-
             for case in ("s", "x"):
-                prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+                prof = profiler()
                 once(case, prof)
-                averages = prof.key_averages()
-                profiles[case] = {
-                    "host": averages.table(sort_by="self_cpu_time_total", row_limit=12),
-                    "device": averages.table(sort_by="self_device_time_total", row_limit=12),
-                    "events": len(averages),
-                }
+                profiles[case] = profile_summary(prof)
     stats = handle.stats()["train"]  # what the gate decided: x's first steps are the runs
     handle.remove()
     ratios = {}
@@ -224,10 +265,10 @@ def run_change(args) -> dict:
         "model": args.model,
         "spec": args.spec,
         "fp8": args.fp8,
-        "sizes": {k: getattr(args, k) for k in ("hidden", "layers", "ffn", "vocab", "seq")},
+        "sizes": {k: getattr(args, k) for k in SIZES},
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        "megatron_core": importlib.metadata.version("megatron-core"),
+        "megatron_core": megatron_core_version(),
         "rounds": args.rounds,
         "warmup": args.warmup,
         "medians_ms": {c: statistics.median(v) for c, v in times.items()},
@@ -283,14 +324,23 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--out", default=None, help="folder for the results JSON")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="run and skip pairs: profile one round of each case after the timed rounds",
+    )
     args = parser.parse_args()
     check_device(args.device)
     result = run_change(args) if args.pair == "change" else run(args)
     print(json.dumps(result))
     print(change_table(result) if args.pair == "change" else table(result))
     for case, tables in result.get("profiles", {}).items():
-        print(f"\nprofile of case {case}, by host time:\n{tables['host']}")
-        print(f"profile of case {case}, by device time:\n{tables['device']}")
+        print(
+            f"\nprofile of case {case}: host {tables['host_ms']:.2f} ms, device "
+            f"{tables['device_ms']:.2f} ms, {tables['kernels']} kernel launches"
+        )
+        print(f"by host time:\n{tables['host']}")
+        print(f"by device time:\n{tables['device']}")
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         suffix = "" if args.pair == "run" else f"_{args.pair}"

@@ -36,6 +36,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from gpu_mtp_report import CASES, PAIRS, TIMINGS, plot, stem, table  # noqa: E402
 
+SIZES = ("hidden", "layers", "ffn", "vocab", "seq", "batch", "topk")
+"""The sizes a result records (``topk`` is read by the Nemotron-3-shaped model alone)."""
+
 
 def build(kind: str, mtp: bool, args):
     import torch
@@ -66,9 +69,15 @@ def build(kind: str, mtp: bool, args):
         model = tiny_models.build_gpt(spec, **impl)
     elif kind == "nemotron":
         pattern = args.pattern if mtp else args.pattern.split("/")[0]
-        impl.pop("attention", None)
         model = nemotron_models.build_nemotron(
-            spec, pattern=pattern, num_experts=args.experts, **impl, moe_ffn_hidden_size=args.ffn
+            spec,
+            pattern=pattern,
+            num_experts=args.experts,
+            topk=args.topk,
+            expert_bias=args.device == "cuda",  # megatron allocates the bias on a CUDA device
+            deterministic_mode=args.deterministic,
+            **impl,
+            moe_ffn_hidden_size=args.ffn,
         )
     else:
         pattern = "*-" * args.layers + ("/*-" if mtp else "")
@@ -103,6 +112,10 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
         help="nemotron: the hybrid layer pattern, MTP depths after each '/'",
     )
     parser.add_argument("--experts", type=int, default=8, help="nemotron: MoE experts")
+    parser.add_argument("--topk", type=int, default=2, help="nemotron: experts per token")
+    parser.add_argument(
+        "--deterministic", action="store_true", help="nemotron: megatron's deterministic_mode"
+    )
     parser.add_argument("--spec", choices=["local", "te"], default="local")
     parser.add_argument("--fp8", choices=["delayed", "tensorwise"], default=None)
     parser.add_argument("--hidden", type=int, default=4096)
@@ -110,7 +123,19 @@ def add_model_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ffn", type=int, default=14336)
     parser.add_argument("--vocab", type=int, default=131072)
     parser.add_argument("--seq", type=int, default=4096)
+    parser.add_argument("--batch", type=int, default=1, help="sequences per batch")
     parser.add_argument("--device", default="cuda", help="cuda; cpu only for a smoke run")
+
+
+def megatron_core_version() -> str:
+    """The megatron-core in use: its distribution's version, or, where it runs from a source
+    tree on ``PYTHONPATH`` (the megatron_rl benchmark's pinned trees), the tree's own."""
+    try:
+        return importlib.metadata.version("megatron-core")
+    except importlib.metadata.PackageNotFoundError:
+        from megatron.core import package_info
+
+        return f"{package_info.__version__} (source tree)"
 
 
 def check_device(device: str) -> None:
@@ -146,8 +171,8 @@ def batch_and_steps(args) -> tuple:
     clear its gradients: ``time_steps`` does that outside the timing."""
     import torch
 
-    ids = torch.randint(0, args.vocab, (1, args.seq), device=args.device)
-    pos = torch.arange(args.seq, device=args.device).unsqueeze(0)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), device=args.device)
+    pos = torch.arange(args.seq, device=args.device).unsqueeze(0).expand(args.batch, -1)
     labels = torch.roll(ids, -1, dims=1)
 
     def train_step(model):
@@ -261,10 +286,10 @@ def run(args) -> dict:
         "fp8": args.fp8,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch": torch.__version__,
-        "megatron_core": importlib.metadata.version("megatron-core"),
+        "megatron_core": megatron_core_version(),
         "iters": args.iters,
         "warmup": args.warmup,
-        "sizes": {k: getattr(args, k) for k in ("hidden", "layers", "ffn", "vocab", "seq")},
+        "sizes": {k: getattr(args, k) for k in SIZES},
         **({"pattern": args.pattern, "experts": args.experts} if args.model == "nemotron" else {}),
         **params,
         "cases": summary,
@@ -279,7 +304,9 @@ def projection_ms(model, labels, args) -> float:
     projection of one MTP chunk, its vocab-parallel cross-entropy and the top-1."""
     import torch
 
-    hidden = torch.randn(args.seq, 1, args.hidden, device=args.device, dtype=torch.bfloat16)
+    hidden = torch.randn(
+        args.seq, args.batch, args.hidden, device=args.device, dtype=torch.bfloat16
+    )
 
     def once():
         logits, _ = model.output_layer(hidden)

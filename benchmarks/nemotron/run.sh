@@ -3,11 +3,11 @@
 #   run.sh stage            parts in /tmp/stage (made by bundle.sh) -> packages in /tmp/site,
 #                           Transformer Engine's torch extension built there (about 90 s)
 #   run.sh tests [ARGS]     tests/gpu (the Nemotron module by default) on the staged packages
-#   run.sh bench NAME ARGS  benchmarks/gpu_mtp.py --model nemotron --spec te ARGS; NAME small or
-#                           large with no ARGS runs that size of docs/benchmarks.md's table
+#   run.sh bench NAME ARGS  benchmarks/gpu_mtp.py --model nemotron --spec te ARGS; NAME small,
+#                           large or moe16 with no ARGS runs that size of docs/benchmarks.md
 #   run.sh ab NAME [ARGS]   benchmarks/gpu_hooks_ab.py --model nemotron --spec te --pair skip:
 #                           skip against the trunk built without MTP beside the trunk measured
-#                           twice (the control); NAME small or large as for bench
+#                           twice (the control); NAME small, large or moe16 as for bench
 #   run.sh demo             the README's demo with its Nemotron-3-shaped model, on the GPU
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -57,12 +57,17 @@ tests() {
 # larger with Nemotron 3's vocabulary (131072) and its trunk pattern twice as deep.
 SMALL=(--hidden 1024 --ffn 1024 --vocab 32768 --experts 8 --pattern "M*MEME/*E/*E")
 LARGE=(--hidden 2048 --ffn 2048 --vocab 131072 --experts 8 --pattern "M*MEMEM*MEME/*E/*E")
+# The reliability issue's layout: the megatron_rl benchmark's hybrid (16 experts top-4, Nemotron
+# 3's trunk order), 2 sequences of 1024 tokens.
+MOE16=(--hidden 2048 --ffn 1024 --vocab 131072 --experts 16 --topk 4 --seq 1024 --batch 2
+    --pattern "MEMEM*EMEMEM*E/*E/*E")
 
 bench() {
     site_env
     local name="$1"; shift
     if [ $# -eq 0 ] && [ "$name" = small ]; then set -- "${SMALL[@]}" --iters 30 --warmup 5; fi
     if [ $# -eq 0 ] && [ "$name" = large ]; then set -- "${LARGE[@]}" --iters 30 --warmup 5; fi
+    if [ $# -eq 0 ] && [ "$name" = moe16 ]; then set -- "${MOE16[@]}" --iters 30 --warmup 5; fi
     say "bench $name: $*"
     (cd "$REPO" && timeout -k 10 "${BENCH_TIMEOUT:-400}" python3 benchmarks/gpu_mtp.py --model nemotron \
         --spec te --out "$OUT/$name" "$@") >"$OUT/$name.log" 2>&1
@@ -75,6 +80,7 @@ ab() {
     local size=()
     [ "$name" = small ] && size=("${SMALL[@]}")
     [ "$name" = large ] && size=("${LARGE[@]}")
+    [ "$name" = moe16 ] && size=("${MOE16[@]}")
     say "ab $name: ${size[*]} $*"
     (cd "$REPO" && timeout -k 10 "${BENCH_TIMEOUT:-400}" python3 benchmarks/gpu_hooks_ab.py \
         --model nemotron --spec te --pair skip "${size[@]}" --out "$OUT/ab_$name" "$@") \

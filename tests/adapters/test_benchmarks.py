@@ -15,7 +15,7 @@ import torch
 
 from mtp_hooks.demo import tiny_models
 
-from model_fixtures import SEQ, VOCAB, has_detach_field
+from model_fixtures import SEQ, VOCAB, has_detach_field, has_hybrid
 from ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,6 +116,47 @@ def test_the_change_pair_times_a_skip_right_after_a_decision_change_beside_the_s
     assert result["burn"]["products"] >= 1
     for r in result["ratios"].values():
         assert 0 < r["low"] <= r["median"] <= r["high"]
+
+
+def test_the_determinism_probe_names_the_innermost_module_that_differs_by_itself(
+    megatron_cpu, monkeypatch, tmp_path
+):
+    if not has_hybrid():
+        pytest.skip("the Nemotron-3-shaped model is a HybridModel: megatron-core 0.18+")
+    monkeypatch.setenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD", "1")  # build_models sets it
+    sys.path.insert(0, str(ROOT / "benchmarks" / "nemotron"))
+    try:
+        import determinism
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "nemotron"))
+    built = determinism.build_models
+
+    def with_a_noisy_projection(args, *with_mtp):
+        (model,) = built(args, *with_mtp)
+        noisy = model.decoder.layers[1].mlp.linear_fc2  # adds noise to its own output alone
+        noisy.register_forward_hook(
+            lambda module, args, out: (out[0] + 1e-3 * torch.randn_like(out[0]), *out[1:])
+        )
+        return [model]
+
+    monkeypatch.setattr(determinism, "build_models", with_a_noisy_projection)
+    monkeypatch.setattr(determinism, "profiler", lambda: torch.profiler.profile())
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["determinism.py", "--model", "nemotron", "--device", "cpu", "--pattern", "*-*-/*-"]
+        + ["--hidden", "64", "--ffn", "64", "--vocab", "256", "--seq", "32", "--batch", "2"]
+        + ["--out", str(tmp_path)],
+    )
+    determinism.main()
+    result = json.loads((tmp_path / "determinism.json").read_text())
+    # the noisy projection and every module around it differ between runs; replayed alone on
+    # the same input, the projection differs by itself, and nothing inside it does
+    assert result["innermost"] == ["decoder.layers.1.mlp.linear_fc2"]
+    assert "decoder.layers.0.mlp" not in result["differ"]
+    assert {"decoder.layers.1.mlp", "decoder", ""} <= set(result["differ"])
+    assert result["output_difference"] > 0
+    assert result["kernels"]["decoder.layers.1.mlp.linear_fc2"]["host_ms"] > 0
 
 
 DRAFTER = ROOT / "benchmarks" / "rl_drafter"
