@@ -28,7 +28,9 @@ def steps():
     try:
         import gpu_mtp
 
-        yield gpu_mtp.batch_and_steps(SimpleNamespace(vocab=VOCAB, seq=SEQ, device="cpu"))[1]
+        yield gpu_mtp.batch_and_steps(SimpleNamespace(vocab=VOCAB, seq=SEQ, batch=1, device="cpu"))[
+            1
+        ]
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
 
