@@ -49,8 +49,8 @@ def _enable() -> None:
 def warn(reason: str) -> None:
     """Print the one start-up warning of this process (the runtime remembers it was given)."""
     message = f"{ENV_AUTO} could not start"
-    if message not in _runtime.current.warned:
-        _runtime.current.warned.add(message)
+    if message not in _runtime.process.warned:
+        _runtime.process.warned.add(message)
         print(
             f"mtp-hooks: warning: {ENV_AUTO} is set but auto-attach could not start ({reason}); "
             "models run without MTP policies",

@@ -1,21 +1,19 @@
-"""The process state of mtp-hooks, on one object: :data:`current`.
+"""The process state of mtp-hooks, on two objects with two lifetimes.
 
-A :class:`Runtime` holds two kinds of state:
-
-* **The policy** (replaced by :func:`mtp_hooks.testing.reset`): the snapshot of the policy in
-  force (:class:`~mtp_hooks._policy_snapshot.PolicySnapshot`, immutable, with a version), the
+* **The policy**, :data:`current` (a :class:`Runtime`, replaced whole by
+  :func:`mtp_hooks.testing.reset`): the snapshot of the policy in force
+  (:class:`~mtp_hooks._policy_snapshot.PolicySnapshot`, immutable, with a version), the
   sources it is read from, the plugin registry, the phases declared through the API, the
   models' roles, and the memo of decisions made from the snapshot. Whatever changes what a
   decision reads calls :func:`advance`, which puts the snapshot's next version in force, so a
   gate may reuse a decision for as long as the version stands still.
-* **The models and the process** (kept across a reset, since they belong to models that stay
-  attached, or to the interpreter): the table of attached models, auto-attach's registries,
-  the gates that follow every change, each thread's frame reader, the warnings already given,
-  and the callbacks that run at a reset.
+* **The models and the process**, :data:`process` (a :class:`ProcessState`, never replaced,
+  since it belongs to models that stay attached across a reset, or to the interpreter): the
+  table of attached models, auto-attach's registries, the gates that follow every change, each
+  thread's frame reader, the warnings already given, and the callbacks that run at a reset.
 
-Gates read the object through this one module attribute. Nothing is created at import time but
-an empty :class:`Runtime`; the registry (with its entry points) and the policy's sources are
-built on first use.
+Nothing is created at import time but the two empty objects; the registry (with its entry
+points) and the policy's sources are built on first use.
 """
 
 from __future__ import annotations
@@ -59,12 +57,9 @@ class AutoAttachState:
         bookkeeping is removed: another thread's attach waits, then finds the handle."""
 
 
-KEPT = ("listeners", "attached", "auto", "threads", "warned", "reset_callbacks")
-"""The fields of a :class:`Runtime` that :func:`replace` carries over to the fresh one."""
-
-
 class Runtime:
-    """The state of mtp-hooks in this process (see the module docstring)."""
+    """The policy's state in this process (see the module docstring), which
+    :func:`mtp_hooks.testing.reset` replaces whole."""
 
     __slots__ = (
         "snapshot",
@@ -76,11 +71,9 @@ class Runtime:
         "memo",
         "votes_memo",
         "memo_version",
-        *KEPT,
     )
 
     def __init__(self, version: int = 0) -> None:
-        # -- the policy ------------------------------------------------------------------------
         self.snapshot = PolicySnapshot(version)
         """The policy in force; a new version whenever anything a decision reads changes."""
         self.watching = True
@@ -106,7 +99,15 @@ class Runtime:
         """The plugins' cacheable votes by name, per model (held weakly) and (role, phase),
         given at ``memo_version``."""
         self.memo_version = -1
-        # -- the models and the process (KEPT: carried over by replace()) ---------------
+
+
+class ProcessState:
+    """What belongs to attached models and to the interpreter (see the module docstring):
+    made once, never replaced, so a module may keep a reference to one of its fields."""
+
+    __slots__ = ("listeners", "attached", "auto", "threads", "warned", "reset_callbacks")
+
+    def __init__(self) -> None:
         self.listeners: weakref.WeakSet[Any] = weakref.WeakSet()
         """Objects whose ``after_advance()`` runs after every :func:`advance`, held weakly:
         gates of models whose captured CUDA graphs must follow a change, since no hook of
@@ -124,6 +125,9 @@ class Runtime:
 
 
 current = Runtime()
+"""The policy's state, replaced by :func:`replace`: read it through this attribute each time."""
+process = ProcessState()
+"""The models' and the process's state, never replaced."""
 
 
 def advance(**changes: Any) -> None:
@@ -136,14 +140,10 @@ def advance(**changes: Any) -> None:
 
 def replace() -> None:
     """Start over with a fresh policy (:func:`mtp_hooks.testing.reset`). The version keeps
-    counting, so no decision a gate cached before can pass for a new one; what belongs to
-    models and to the process (:data:`KEPT`) is carried over, and the listeners are
-    told."""
+    counting, so no decision a gate cached before can pass for a new one; :data:`process`
+    stays as it is, and the listeners are told."""
     global current
-    fresh = Runtime(current.snapshot.version + 1)
-    for name in KEPT:
-        setattr(fresh, name, getattr(current, name))
-    current = fresh
+    current = Runtime(current.snapshot.version + 1)
     _tell_listeners()
 
 
@@ -151,32 +151,32 @@ def on_reset(callback: Callable[[], None]) -> None:
     """Have :func:`mtp_hooks.testing.reset` call ``callback`` (a bound method is held weakly)."""
     if hasattr(callback, "__self__") and hasattr(callback, "__func__"):
         method = weakref.WeakMethod(callback)
-        current.reset_callbacks.append(method)
+        process.reset_callbacks.append(method)
     else:
-        current.reset_callbacks.append(lambda: callback)
+        process.reset_callbacks.append(lambda: callback)
 
 
 def run_reset_callbacks() -> None:
     """Call every live reset callback, in registration order, and forget the dead ones."""
     live = []
-    for entry in current.reset_callbacks:
+    for entry in process.reset_callbacks:
         callback = entry()
         if callback is not None:
             live.append(entry)
             callback()
-    current.reset_callbacks[:] = live
+    process.reset_callbacks[:] = live
 
 
 def warn_once(message: str, stacklevel: int = 3) -> None:
     """Emit ``message`` as a ``RuntimeWarning`` once per process."""
-    if message not in current.warned:
+    if message not in process.warned:
         import warnings
 
-        current.warned.add(message)
+        process.warned.add(message)
         warnings.warn(message, RuntimeWarning, stacklevel=stacklevel + 1)
 
 
 def _tell_listeners() -> None:
-    if current.listeners:
-        for listener in list(current.listeners):
+    if process.listeners:
+        for listener in list(process.listeners):
             listener.after_advance()

@@ -26,7 +26,7 @@ def reset() -> None:
         'default'
     """
     _runtime.run_reset_callbacks()
-    auto = _runtime.current.auto
+    auto = _runtime.process.auto
     if auto.registration is not None:
         auto.registration.remove()
         auto.registration = None

@@ -68,7 +68,7 @@ def attach(model: Any, *, role: str | None = None, verify: bool | None = None) -
     models, wrappers = capabilities.unwrap(model)
     if role is None and not isinstance(model, (list, tuple)):
         role = _roles.role_of(model)  # a role set on the wrapper applies to the model inside
-    with _runtime.current.auto.lock:  # two threads attaching one model: one gates it
+    with _runtime.process.auto.lock:  # two threads attaching one model: one gates it
         return _attach(models, wrappers, role, verify, capabilities, settling, gate_cls)
 
 
@@ -82,7 +82,7 @@ def _attach(
     gate_cls: Any,
 ) -> AttachHandle:
     """:func:`attach`'s work, under the runtime's attach lock."""
-    attached = _runtime.current.attached
+    attached = _runtime.process.attached
     existing = {id(h): h for m in models if (h := attached.get(m)) is not None}
     if existing:
         handle: AttachHandle = next(iter(existing.values()))
@@ -132,7 +132,7 @@ def _adopter(role: str | None) -> Callable[[MTPGate], None]:
     def adopt(gate: MTPGate) -> None:
         copy = gate.model
         assert copy is not None
-        _runtime.current.attached[copy] = AttachHandle([copy], [gate], role, [None])
+        _runtime.process.attached[copy] = AttachHandle([copy], [gate], role, [None])
         if role is not None:
             _roles.set_role(copy, role)
 
@@ -144,7 +144,7 @@ def remove(model: Any) -> None:
     what :meth:`AttachHandle.remove` does, for a caller that kept no handle."""
     capabilities, _, _ = _adapters()
     models, _ = capabilities.unwrap(model)
-    attached = _runtime.current.attached
+    attached = _runtime.process.attached
     for handle in {id(h): h for m in models if (h := attached.get(m))}.values():
         handle.remove()
 

@@ -12,7 +12,7 @@ built. It costs nothing at forward time and looks at two names only:
   the DDP remedies apply. A wrapper built after the model's first forward re-attaches it.
 
 Models without MTP on this rank never get a hook. The registries live on the runtime
-(``_runtime.current.auto``), held weakly.
+(``_runtime.process.auto``), held weakly.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from . import _attach, _call_stack, _capabilities, _freezing, _gate
 
 def enable(enabled: bool = True, *, clip_mtp_apart: bool = False) -> None:
     """Start (or with ``False`` stop) watching for new models; see ``mtp_hooks.auto_attach``."""
-    auto = _runtime.current.auto
+    auto = _runtime.process.auto
     if clip_mtp_apart and enabled:
         _freezing.mtp_grad_norm_group_or_refuse()  # refused now, changing nothing, if none
     auto.clip_mtp_apart = bool(clip_mtp_apart and enabled)
@@ -44,7 +44,7 @@ def enable(enabled: bool = True, *, clip_mtp_apart: bool = False) -> None:
 
 
 def _on_registration(parent: torch.nn.Module, name: str, child: torch.nn.Module) -> None:
-    auto = _runtime.current.auto
+    auto = _runtime.process.auto
     if name == "mtp":
         if (
             isinstance(parent, _capabilities.language_model_classes())
@@ -68,7 +68,7 @@ def _on_registration(parent: torch.nn.Module, name: str, child: torch.nn.Module)
 
 
 def _watch(model: torch.nn.Module) -> None:
-    _runtime.current.auto.watchers[model] = model.register_forward_pre_hook(
+    _runtime.process.auto.watchers[model] = model.register_forward_pre_hook(
         _first_forward, with_kwargs=True, prepend=True
     )
 
@@ -115,7 +115,7 @@ def _attach_and_gate(
     """
     if _capabilities.inference_call(model, args, kwargs):
         return None
-    auto = _runtime.current.auto
+    auto = _runtime.process.auto
     with auto.lock:  # one first forward attaches; another thread's waits for it, then is gated
         handle = auto.handles.get(model)
         if handle is None:
@@ -136,7 +136,7 @@ def _attach_and_gate(
 def _gated_by_its_own_hook(model: torch.nn.Module, kwargs: dict[str, Any] | None) -> bool:
     """Whether the gate's own pre-hook, which torch listed with this one, has already taken
     this thread's call of ``model`` (its record holds ``kwargs``; any, where torch passed none)."""
-    handle = _runtime.current.auto.handles.get(model)
+    handle = _runtime.process.auto.handles.get(model)
     thread = threading.get_ident()
     return handle is not None and any(
         record[_call_stack.THREAD] == thread

@@ -71,7 +71,7 @@ _get_ident = threading.get_ident
 _getframe = sys._getframe
 _set = object.__setattr__
 # Each thread's frame reader: the runtime keeps this one object for the whole process.
-_threads = _runtime.current.threads
+_threads = _runtime.process.threads
 _RESTORE: Final = _call_stack.RESTORE
 _SETTLE: Final = _call_stack.SETTLE
 _KWARGS: Final = _call_stack.KWARGS
@@ -413,13 +413,13 @@ class MTPGate:
                 self.handles = []
         if idle:  # what interrupted calls left: their metrics requests, their open objectives
             self.extensions.drop_all()
-        _runtime.current.listeners.discard(self)
+        _runtime.process.listeners.discard(self)
 
     # -- full-iteration CUDA graphs ------------------------------------------------------------
     def listen(self) -> None:
         """With full-iteration graphs, follow every change of what decisions depend on."""
         if self.plans.full_graphs:
-            _runtime.current.listeners.add(self)
+            _runtime.process.listeners.add(self)
 
     def after_advance(self) -> None:
         """Something a decision depends on changed, and megatron's replays run no hook: have

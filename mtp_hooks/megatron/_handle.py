@@ -1,5 +1,5 @@
 """The handle :func:`mtp_hooks.attach` returns (the table of attached models is the runtime's:
-``_runtime.current.attached``).
+``_runtime.process.attached``).
 
 torch is imported for annotations only, so importing this module imports neither torch nor
 megatron-core.
@@ -103,12 +103,12 @@ class AttachHandle:
         """
         for gate in self.gates:
             gate.remove()
-        with _runtime.current.auto.lock:  # two threads removing it: one puts the roles back
+        with _runtime.process.auto.lock:  # two threads removing it: one puts the roles back
             for ref, prior in zip(self._models, self._prior_roles, strict=True):
                 model = ref()
                 if model is None:
                     continue
-                attached = _runtime.current.attached
+                attached = _runtime.process.attached
                 if attached.get(model) is self:
                     del attached[model]
                     if self.role is not None and _roles.role_of(model) == self.role:
@@ -128,7 +128,7 @@ class AttachHandle:
     def _why_nothing(self) -> str:
         # attach() of a model without MTP is no error (a pipeline stage without the MTP block,
         # a framework that attaches whatever it builds), so the handle says why it gates nothing
-        models = [m for m in self.models if _runtime.current.attached.get(m) is self]
+        models = [m for m in self.models if _runtime.process.attached.get(m) is self]
         if not models:
             return "nothing (removed, or its models are gone)"
         depths = {getattr(getattr(m, "config", None), "mtp_num_layers", None) for m in models}

@@ -356,7 +356,7 @@ def test_clip_mtp_apart_is_refused_where_the_optimizer_has_no_separate_groups(bu
         mtp_hooks.auto_attach(clip_mtp_apart=True)
     from mtp_hooks import _runtime
 
-    assert _runtime.current.auto.registration is None  # auto-attach stayed off
+    assert _runtime.process.auto.registration is None  # auto-attach stayed off
 
 
 @needs_field

@@ -274,7 +274,7 @@ def gate_pre_hooks(model: torch.nn.Module) -> list:
 
 def test_two_threads_attaching_one_model_at_once_gate_it_once(build, batch, monkeypatch):
     model = build()
-    monkeypatch.setattr(_runtime.current, "attached", MeetInGet(model))
+    monkeypatch.setattr(_runtime.process, "attached", MeetInGet(model))
     first, second = in_two_threads(lambda: mtp_hooks.attach(model))
     assert first is second and len(gate_pre_hooks(model)) == 1
     mtp_hooks.configure("eval=skip")
@@ -287,7 +287,7 @@ def test_two_threads_removing_one_handle_at_once_both_return(build, monkeypatch)
     handle = mtp_hooks.attach(model, role="teacher")
     table = MeetInGet(model)
     table[model] = handle
-    monkeypatch.setattr(_runtime.current, "attached", table)
+    monkeypatch.setattr(_runtime.process, "attached", table)
     in_two_threads(handle.remove)  # raised KeyError where both found the model still attached
     assert gate_pre_hooks(model) == [] and model not in table
     assert mtp_hooks.role_of(model) is None

@@ -69,7 +69,7 @@ def test_switched_on_it_waits_for_the_program_to_import_torch():
 
 def test_switched_on_it_is_on_once_torch_is_imported():
     pytest.importorskip("torch")
-    code = "import torch, mtp_hooks._runtime as r; print(r.current.auto.registration is not None)"
+    code = "import torch, mtp_hooks._runtime as r; print(r.process.auto.registration is not None)"
     out = python(code, MTP_HOOKS_AUTO="1")
     assert out.returncode == 0 and out.stdout.strip() == "True", out.stderr
 
