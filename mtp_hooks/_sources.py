@@ -73,7 +73,8 @@ class PolicySources:
 
     # -- reading the sources -------------------------------------------------------------------
     def load_environment(self, shared: tuple[str | None, bytes | None] | None = None) -> None:
-        """Read the environment sources; ``shared`` replaces this rank's policy and file text."""
+        """Read the environment sources; ``shared`` replaces this rank's policy and file text.
+        Nothing is put in force here: :func:`_swap` does that, for these or a candidate."""
         env_policy = os.environ.get(ENV_POLICY) if shared is None else shared[0]
         env_config = os.environ.get(ENV_CONFIG)
         policy = parse_policy(env_policy, f"{ENV_POLICY}={env_policy!r}") if env_policy else {}
@@ -88,9 +89,6 @@ class PolicySources:
         self.trace = _env.flag(ENV_TRACE)
         self.loaded = True
         self.next_poll = time.monotonic() + poll
-        if _runtime.current.sources is self:
-            _watch(self)
-            self.publish()
 
     def check_file(self) -> None:
         """Re-read the policy file if its content changed (single process, rate-limited)."""
@@ -258,6 +256,7 @@ def refresh() -> PolicySnapshot:
     state = _sources()
     if not state.loaded:
         state.load_environment()
+        _swap(state)  # already the sources in force: now what they read is, too
     elif state.path is not None:
         state.check_file()
     return _runtime.current.snapshot
