@@ -148,9 +148,10 @@ def tests(session: nox.Session, entry: str) -> None:
 
 @nox.session(python="3.10")
 def core(session: nox.Session) -> None:
-    """The core tests without torch or megatron-core, on the oldest Python and pluggy allowed."""
-    session.install("-e", ".[test]", HYPOTHESIS, *CORE_FLOOR)
-    session.run("pytest", *(session.posargs or ["tests/core"]))
+    """The core tests, and those of mtp-hooks-drafting, without torch or megatron-core, on the
+    oldest Python and pluggy allowed."""
+    session.install("-e", ".[test]", HYPOTHESIS, *CORE_FLOOR, "plugins/mtp-hooks-drafting")
+    session.run("pytest", *(session.posargs or ["tests/core", "tests/drafting"]))
 
 
 @nox.session(python="3.12")
@@ -208,7 +209,7 @@ def types(session: nox.Session) -> None:
 def docs(session: nox.Session) -> None:
     """The docs site (docs/: MyST pages and the API reference), built with Sphinx; any warning
     fails it."""
-    session.install(SPHINX, MYST, "-e", ".")
+    session.install(SPHINX, MYST, "-e", ".", "plugins/mtp-hooks-drafting")
     out = "docs/_build/html"
     session.run("sphinx-build", "-W", "--keep-going", "-q", "-b", "html", "docs", out)
     # Every page's footer names the copyright holder (conf.py reads it from pyproject.toml).

@@ -16,7 +16,7 @@ import torch
 
 import mtp_hooks
 from mtp_hooks.demo import tiny_models
-from mtp_hooks.framework import AcceptanceController
+from mtp_hooks_drafting import AcceptanceController
 
 torch.manual_seed(0)
 tiny_models.init_single_process(port=tiny_models.free_port())  # one gloo rank

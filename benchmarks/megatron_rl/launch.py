@@ -23,7 +23,7 @@ What it does, and why each step is needed:
    H and A add a plugin whose ``mtp_loss_mask`` keeps MTP's loss on the response (the tokens
    after the prompt's ``=``, up to the end token, in each trajectory of a row, packed rows
    too); A adds an
-   :class:`~mtp_hooks.framework.AcceptanceController` that the recorder feeds with the engine's
+   :class:`~mtp_hooks_drafting.AcceptanceController` that the recorder feeds with the engine's
    own counters of each step's rollouts, before that step's policy update.
 6. **Runs** ``train_rl.py`` as ``__main__`` (``runpy``), the way ``python train_rl.py`` would.
 7. **Exits at once if it raises** (:func:`run_or_exit`): the engine's coordinator is a
@@ -180,8 +180,8 @@ def option(args: list[str], name: str) -> str | None:
 def set_up_mtp_hooks(own: argparse.Namespace, train_rl_args: list[str]) -> dict[str, Any]:
     """Attaches mtp-hooks as the arm says; returns the recorder's callbacks."""
     import mtp_hooks
-    from mtp_hooks.framework import AcceptanceController, acceptance_from_counts
     from mtp_hooks.plugins import hookimpl, register
+    from mtp_hooks_drafting import AcceptanceController, acceptance_from_counts
 
     mtp_hooks.auto_attach(clip_mtp_apart=True)
     mtp_hooks.configure(POLICIES[own.arm])

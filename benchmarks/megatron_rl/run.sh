@@ -27,7 +27,8 @@ LOG="$OUT/log.txt"
 say() { echo ">> $(date +%T) $*" | tee -a "$LOG"; }
 
 site_env() {
-    export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$REPO"
+    # mtp-hooks and mtp-hooks-drafting (arm A's controller, rl_drafter's draft depth) from the tree
+    export PYTHONPATH="/tmp/site:/tmp/site/nvidia_cutlass_dsl/dsl_packages:$REPO:$REPO/plugins/mtp-hooks-drafting"
     export HF_HUB_OFFLINE=1 WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false
     export CUDA_DEVICE_MAX_CONNECTIONS=1 PYTHONUNBUFFERED=1 NO_PROXY='*' no_proxy='*'
     # Mamba-2's Triton kernels autotune in every new process (about a minute cold); Triton

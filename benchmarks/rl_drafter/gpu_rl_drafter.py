@@ -21,8 +21,8 @@ What it does, in one process:
    change the rollouts' speed but never the policy).
 4. **Four arms**, each from the same pretrained weights and optimizer state: (A) ``train=skip``;
    (B) MTP trained with the policy, undetached (megatron's default); (C) ``train=run+detach``;
-   (D) ``train=auto+detach`` under an :class:`~mtp_hooks.framework.AcceptanceController` fed
-   with the engine's own acceptance (:func:`~mtp_hooks.framework.acceptance_from_counts`),
+   (D) ``train=auto+detach`` under an :class:`~mtp_hooks_drafting.AcceptanceController` fed
+   with the engine's own acceptance (:func:`~mtp_hooks_drafting.acceptance_from_counts`),
    training MTP only while the drafter is below its target.
    Two more arms measure what MTP trains on (``--arms P,R``). Their batches are shaped as RL
    batches are: a prompt from the pretraining language, a response of random length from the
@@ -41,7 +41,7 @@ What it does, in one process:
    ``DynamicInferenceEngine`` drafting 0, 1 and 2 tokens (tokens/s, per-position acceptance,
    accepted length), and the teacher-forced ``+metrics`` of a log-prob forward over the
    undrafted rollouts. From those teacher-forced figures and the step costs measured after
-   pretraining, :func:`~mtp_hooks.framework.recommend_num_speculative_tokens` picks the k
+   pretraining, :func:`~mtp_hooks_drafting.recommend_num_speculative_tokens` picks the k
    that arm D would roll out with; its tokens/s is read off the same measurement.
 
 Gradient clipping is per group, trunk and MTP weights apart, as megatron's optimizer does for
@@ -129,7 +129,7 @@ def run(args, save=lambda results: None) -> dict:
 
     import mtp_hooks
     from mtp_hooks.demo import tiny_models
-    from mtp_hooks.framework import (
+    from mtp_hooks_drafting import (
         AcceptanceController,
         acceptance_from_counts,
         recommend_num_speculative_tokens,

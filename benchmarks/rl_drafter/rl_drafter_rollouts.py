@@ -174,7 +174,7 @@ def teacher_forced(model, handle, prompts, rollout: Rollout, device: str):
 
 def measure(model, handle, engines: dict, prompts, args, batch1: bool = False) -> dict:
     """Rollouts drafting 0..DEPTH tokens on ``prompts``, and the teacher-forced figures."""
-    from mtp_hooks.framework import acceptance_from_counts
+    from mtp_hooks_drafting import acceptance_from_counts
 
     row: dict = {"engine": {}}
     for k, engine in engines.items():

@@ -15,7 +15,7 @@ import torch
 
 import mtp_hooks
 from mtp_hooks.demo import nemotron_models, tiny_models
-from mtp_hooks.framework import AcceptanceController
+from mtp_hooks_drafting import AcceptanceController
 
 from model_fixtures import (
     has_detach_field,

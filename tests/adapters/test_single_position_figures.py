@@ -13,7 +13,7 @@ import torch
 import mtp_hooks
 from mtp_hooks import MTPMetrics, PolicyError
 from mtp_hooks.demo import tiny_models
-from mtp_hooks.framework import AcceptanceController
+from mtp_hooks_drafting import AcceptanceController
 
 from engine_reference import first_depth_drafts, one_request_at_a_time
 from model_fixtures import SEQ, VOCAB, measured_eval, packed_row

@@ -9,10 +9,10 @@ import re
 import pytest
 
 import mtp_hooks
-from mtp_hooks import MTPMetrics, PolicyError
+from mtp_hooks import PolicyError
 from mtp_hooks._policy import parse_policy
 from mtp_hooks._policy_entry import spell
-from mtp_hooks.framework import AcceptanceController, loss_scale_schedule
+from mtp_hooks.framework import loss_scale_schedule
 
 from plugin_answers import answers
 
@@ -122,41 +122,6 @@ def test_a_negative_zero_weight_from_a_plugin_becomes_zero():
     answers("mtp_loss_scale", -0.0, name="weigher")
     scale = mtp_hooks.decide(None, "train").options.loss_scale
     assert scale == 0.0 and math.copysign(1.0, scale) == 1.0
-
-
-@pytest.mark.parametrize("target", [math.nan, math.inf, -math.inf])
-def test_a_target_that_is_not_finite_is_refused(target):
-    with pytest.raises(PolicyError, match="target must be finite"):
-        AcceptanceController(target=target, below=0.3, above=None)
-
-
-def figures(length: float, tokens: int = 100) -> MTPMetrics:
-    return MTPMetrics(
-        loss=(1.0,),
-        acceptance=(0.5,),
-        tokens=(tokens,),
-        forwards=1,
-        chain_acceptance=(0.5,),
-        accepted_length=length,
-    )
-
-
-def test_a_nan_figure_never_counts_as_reaching_the_target_nor_stays_in_the_window():
-    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=2)
-    assert controller.update(figures(math.nan)) == 0.3  # ignored: the decision stays "below"
-    assert list(controller.history) == [] and controller.value is None
-    controller.update(figures(1.8))
-    assert controller.weight is None
-    controller.update(figures(math.nan), figures(math.inf))
-    assert controller.value == pytest.approx(1.8) and len(controller.history) == 1
-
-
-def test_an_update_without_figures_leaves_the_window_and_the_decision_as_they_were():
-    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=2)
-    controller.update(figures(1.0))
-    controller.update()
-    controller.update(figures(2.0, tokens=0))
-    assert list(controller.history) == [(100.0, 100.0)] and controller.weight == 0.3
 
 
 @pytest.mark.parametrize("step", [math.nan, -1, "5", None, True, 2.0])

@@ -266,7 +266,7 @@ def controller_decisions(rank: int) -> dict:
     """Each rank collects its own eval figures (rank 0 a good drafter, rank 1 a poor one);
     update() reduces them over the data-parallel group, token-weighted, so both ranks decide
     the same weight."""
-    from mtp_hooks.framework import AcceptanceController
+    from mtp_hooks_drafting import AcceptanceController
 
     controller = AcceptanceController(target=1.0, below=0.3, above=None)
     mtp_hooks.plugins.register(controller, name="drafter")
@@ -301,7 +301,7 @@ def controller_decisions(rank: int) -> dict:
 def controller_refusal(rank: int) -> dict:
     """Rank 0 collected a figure of a one-depth model for a controller that reads depth 2; rank 1
     collected nothing. Both must raise at update(), neither may wait for the other."""
-    from mtp_hooks.framework import AcceptanceController
+    from mtp_hooks_drafting import AcceptanceController
 
     controller = AcceptanceController(
         target=0.5, below=0.3, above=None, metric="acceptance", depth=2
@@ -320,7 +320,7 @@ def controller_refusal(rank: int) -> dict:
 def speculation_advice(rank: int) -> dict:
     """Rank 0 saw a good drafter in its engine, rank 1 a stale one: each alone would draft a
     different number of tokens; averaged over the group, both draft the same."""
-    from mtp_hooks.framework import acceptance_from_counts, recommend_num_speculative_tokens
+    from mtp_hooks_drafting import acceptance_from_counts, recommend_num_speculative_tokens
 
     local = acceptance_from_counts(100, [[90, 80], [10, 0]][rank])
     alone = recommend_num_speculative_tokens(local, step_cost=0.45, group=_no_group())

@@ -3,34 +3,21 @@
 A rollout engine that drafts with the model's MTP layers counts, per draft position, how many
 drafts it proposed and how many it accepted. :func:`acceptance_from_counts` and
 :func:`acceptance_from_megatron` turn those counters into the :class:`mtp_hooks.MTPMetrics` that
-:class:`mtp_hooks.framework.AcceptanceController` consumes, so the controller can follow the
+:class:`~mtp_hooks_drafting.AcceptanceController` consumes, so the controller can follow the
 engine's own acceptance instead of (or beside) teacher-forced figures.
 """
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._errors import PolicyError
-from .._metrics import MTPMetrics
+from mtp_hooks import MTPMetrics, PolicyError
+
+from ._checks import count, fraction
 
 __all__ = ["acceptance_from_counts", "acceptance_from_megatron"]
-
-
-def _count(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
-        raise PolicyError(f"{what} must be an int >= 0, got {value!r}")
-    return int(value)
-
-
-def _fraction(value: Any, what: str) -> float:
-    number = not isinstance(value, bool) and isinstance(value, numbers.Real)
-    if not (number and math.isfinite(value) and 0.0 <= value <= 1.0):
-        raise PolicyError(f"{what} must be a number in [0, 1], got {value!r}")
-    return float(value)
 
 
 def acceptance_from_counts(
@@ -63,7 +50,7 @@ def acceptance_from_counts(
             later position accepts more than an earlier one (not chained counts).
 
     Example:
-        >>> from mtp_hooks.framework import acceptance_from_counts
+        >>> from mtp_hooks_drafting import acceptance_from_counts
         >>> m = acceptance_from_counts(200, [150, 90])
         >>> m.chain_acceptance, m.accepted_length, m.acceptance
         ((0.75, 0.45), 1.2, (0.75, 0.6))
@@ -82,20 +69,20 @@ def acceptance_from_counts(
             "position the engine drafts, or call it only once the engine speculates (k >= 1)"
         )
     accepted = [
-        _count(a, f"{where}: accepted_per_position[{k}]")
+        count(a, f"{where}: accepted_per_position[{k}]")
         for k, a in enumerate(accepted_per_position)
     ]
     if isinstance(drafts, (str, bytes)):
         raise PolicyError(f"{where}: drafts must be an int or a sequence of ints, not {drafts!r}")
     if isinstance(drafts, Sequence):
-        proposed = [_count(d, f"{where}: drafts[{k}]") for k, d in enumerate(drafts)]
+        proposed = [count(d, f"{where}: drafts[{k}]") for k, d in enumerate(drafts)]
         if len(proposed) != len(accepted):
             raise PolicyError(
                 f"{where}: {len(proposed)} draft counts for "
                 f"{len(accepted)} positions; give one per position, or one int for all"
             )
     else:
-        proposed = [_count(drafts, f"{where}: drafts")] * len(accepted)
+        proposed = [count(drafts, f"{where}: drafts")] * len(accepted)
     for k, (a, d) in enumerate(zip(accepted, proposed, strict=True)):
         if a > d:
             raise PolicyError(f"{where}: position {k + 1} accepted {a} of {d} drafts")
@@ -132,7 +119,7 @@ def acceptance_from_megatron(metrics: Mapping[str, Any]) -> MTPMetrics:
             with the position.
 
     Example:
-        >>> from mtp_hooks.framework import acceptance_from_megatron
+        >>> from mtp_hooks_drafting import acceptance_from_megatron
         >>> m = acceptance_from_megatron({
         ...     "inference/spec_decode_acceptance_rate_pos1": 75.0,
         ...     "inference/spec_decode_acceptance_rate_pos2": 45.0,
@@ -164,7 +151,7 @@ def acceptance_from_megatron(metrics: Mapping[str, Any]) -> MTPMetrics:
         rate = get(f"spec_decode_acceptance_rate_pos{len(rates) + 1}")
         if isinstance(rate, bool) or not isinstance(rate, numbers.Real):
             raise PolicyError(f"acceptance_from_megatron: rate pos{len(rates) + 1} is {rate!r}")
-        rates.append(_fraction(rate / 100.0, f"acceptance_from_megatron: pos{len(rates) + 1}"))
+        rates.append(fraction(rate / 100.0, f"acceptance_from_megatron: pos{len(rates) + 1}"))
         if len(rates) > 1 and rates[-1] > rates[-2]:  # checked before rounding to counts
             raise PolicyError(
                 f"acceptance_from_megatron: the rate at pos{len(rates)} ({rate!r}%) is above "
@@ -173,6 +160,6 @@ def acceptance_from_megatron(metrics: Mapping[str, Any]) -> MTPMetrics:
             )
     if not rates:
         get("spec_decode_acceptance_rate_pos1")  # raises, naming the key
-    total = _count(get("spec_decode_tokens_proposed"), "spec_decode_tokens_proposed")
+    total = count(get("spec_decode_tokens_proposed"), "spec_decode_tokens_proposed")
     drafts = total // len(rates)
     return acceptance_from_counts(drafts, [round(rate * drafts) for rate in rates])

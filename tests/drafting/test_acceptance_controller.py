@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
 
 import mtp_hooks
-from mtp_hooks.framework import AcceptanceController
+from mtp_hooks import MTPMetrics, PolicyError
+from mtp_hooks_drafting import AcceptanceController
 
 
 def measured(accepted_length: float, positions: int = 100, acceptance: float = 0.5):
@@ -104,7 +106,7 @@ def test_the_sampled_accepted_length_drives_the_controller_from_recorded_figures
 
 
 def test_an_engines_counts_give_no_sampled_figure_and_the_controller_says_so():
-    from mtp_hooks.framework import acceptance_from_counts
+    from mtp_hooks_drafting import acceptance_from_counts
 
     controller = AcceptanceController(
         target=1.0, below=0.3, above=None, metric="sampled_accepted_length"
@@ -114,3 +116,38 @@ def test_an_engines_counts_give_no_sampled_figure_and_the_controller_says_so():
     with pytest.raises(mtp_hooks.PolicyError, match="record with \\+metrics, or watch"):
         controller.update(engine)
     assert controller.weight == 0.3 and controller.value is None
+
+
+@pytest.mark.parametrize("target", [math.nan, math.inf, -math.inf])
+def test_a_target_that_is_not_finite_is_refused(target):
+    with pytest.raises(PolicyError, match="target must be finite"):
+        AcceptanceController(target=target, below=0.3, above=None)
+
+
+def figures(length: float, tokens: int = 100) -> MTPMetrics:
+    return MTPMetrics(
+        loss=(1.0,),
+        acceptance=(0.5,),
+        tokens=(tokens,),
+        forwards=1,
+        chain_acceptance=(0.5,),
+        accepted_length=length,
+    )
+
+
+def test_a_nan_figure_never_counts_as_reaching_the_target_nor_stays_in_the_window():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=2)
+    assert controller.update(figures(math.nan)) == 0.3  # ignored: the decision stays "below"
+    assert list(controller.history) == [] and controller.value is None
+    controller.update(figures(1.8))
+    assert controller.weight is None
+    controller.update(figures(math.nan), figures(math.inf))
+    assert controller.value == pytest.approx(1.8) and len(controller.history) == 1
+
+
+def test_an_update_without_figures_leaves_the_window_and_the_decision_as_they_were():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=2)
+    controller.update(figures(1.0))
+    controller.update()
+    controller.update(figures(2.0, tokens=0))
+    assert list(controller.history) == [(100.0, 100.0)] and controller.weight == 0.3

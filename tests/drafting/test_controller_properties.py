@@ -13,7 +13,8 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mtp_hooks import MTPMetrics, PolicyError  # noqa: E402
-from mtp_hooks.framework import AcceptanceController, loss_scale_schedule  # noqa: E402
+from mtp_hooks.framework import loss_scale_schedule  # noqa: E402
+from mtp_hooks_drafting import AcceptanceController  # noqa: E402
 
 SETTINGS = settings(max_examples=300, derandomize=True, database=None, deadline=None)
 anything = st.floats(allow_nan=True, allow_infinity=True)

@@ -1,7 +1,7 @@
 """A closed loop that keeps the MTP drafter fresh: the training MTP weight set from its acceptance.
 
 :class:`AcceptanceController` is a plugin object, exported as
-``mtp_hooks.framework.AcceptanceController``. It collects the :class:`mtp_hooks.MTPMetrics` of
+``mtp_hooks_drafting.AcceptanceController``. It collects the :class:`mtp_hooks.MTPMetrics` of
 recorded forwards (``eval=run+metrics``), and at :meth:`~AcceptanceController.update`, which
 every rank calls at the same point of the loop, it pools the last ``window`` updates' figures
 (weighted by positions, reduced across the data-parallel ranks) and picks the training-phase
@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from .. import _phase_catalogue, _phases, _runtime
-from .._errors import PolicyError
-from .._metrics import MTPMetrics
-from .._plugin_checks import mark_cacheable
-from ..hookspecs import hookimpl
+from mtp_hooks import MTPMetrics, PhaseLike, PolicyError
+from mtp_hooks.framework import cacheable_vote, check_phase, votes_changed
+from mtp_hooks.plugins import hookimpl
+
+from ._ranks import sum_over_ranks
 
 if TYPE_CHECKING:
     import torch
@@ -93,7 +92,7 @@ class AcceptanceController:
 
     Example:
         >>> import mtp_hooks
-        >>> from mtp_hooks.framework import AcceptanceController
+        >>> from mtp_hooks_drafting import AcceptanceController
         >>> controller = AcceptanceController(target=1.5, below=0.3, above=0.1)
         >>> mtp_hooks.plugins.register(controller, name="drafter")
         'drafter'
@@ -114,8 +113,8 @@ class AcceptanceController:
         metric: str = "accepted_length",
         depth: int = 1,
         window: int = 1,
-        watch: _phases.PhaseLike = "eval",
-        phase: _phases.PhaseLike = "train",
+        watch: PhaseLike = "eval",
+        phase: PhaseLike = "train",
         group: Any = None,
     ) -> None:
         if metric not in METRICS:
@@ -136,8 +135,8 @@ class AcceptanceController:
             )
         self.target, self.metric, self.depth = float(target), metric, depth
         self.below, self.above = _weight(below, "below"), _weight(above, "above")
-        self.watch = str(_phase_catalogue.normalize(watch, "AcceptanceController watch"))
-        self.phase = str(_phase_catalogue.normalize(phase, "AcceptanceController phase"))
+        self.watch = str(check_phase(watch, "AcceptanceController watch"))
+        self.phase = str(check_phase(phase, "AcceptanceController phase"))
         self.group = group
         self.pending: list[MTPMetrics] = []  # collected since the last update
         self.history: deque[tuple[float, float]] = deque(maxlen=window)  # (sum, weight)
@@ -184,7 +183,7 @@ class AcceptanceController:
             float(len(batch) - len(usable)),  # figures of a model shallower than ``depth``
             float(unsampled),  # figures without the watched one (an engine's counts)
         )
-        value_sum, weight, shallow, unsampled_ranks = _reduce(total, self.group)
+        value_sum, weight, shallow, unsampled_ranks = sum_over_ranks(total, self.group)
         if unsampled_ranks:  # on every rank alike: the count went through the collective
             raise PolicyError(
                 f"AcceptanceController: {self.metric} was asked for, but figures without it "
@@ -204,7 +203,7 @@ class AcceptanceController:
             chosen = self.below if self.value < self.target else self.above
             if chosen != self.weight:
                 self.weight = chosen
-                _runtime.advance()  # gates ask again at their next forward
+                votes_changed()  # gates ask again at their next forward
         return self.weight
 
     def _pooled(self, m: MTPMetrics) -> tuple[float, float]:
@@ -221,25 +220,19 @@ class AcceptanceController:
 
     # -- the plugin's hooks ---------------------------------------------------------------------
     @hookimpl
-    def mtp_metrics(
-        self, model: torch.nn.Module, phase: _phases.PhaseLike, metrics: MTPMetrics
-    ) -> None:
+    def mtp_metrics(self, model: torch.nn.Module, phase: PhaseLike, metrics: MTPMetrics) -> None:
         """Collects the watched phase's figures."""
         if str(phase) == self.watch:
             self.collect(metrics)
 
     @hookimpl
-    @mark_cacheable  # the vote changes only at update(), which tells the gates
-    def should_run_mtp(
-        self, model: torch.nn.Module | None, phase: _phases.PhaseLike
-    ) -> bool | None:
+    @cacheable_vote  # the vote changes only at update(), which tells the gates
+    def should_run_mtp(self, model: torch.nn.Module | None, phase: PhaseLike) -> bool | None:
         """Skips the controlled phase while the decision is a skip; abstains otherwise."""
         return False if str(phase) == self.phase and self.weight is None else None
 
     @hookimpl
-    def mtp_loss_scale(
-        self, model: torch.nn.Module | None, phase: _phases.PhaseLike
-    ) -> float | None:
+    def mtp_loss_scale(self, model: torch.nn.Module | None, phase: PhaseLike) -> float | None:
         """The controlled phase's weight."""
         return self.weight if str(phase) == self.phase else None
 
@@ -249,32 +242,3 @@ class AcceptanceController:
             f"AcceptanceController({self.metric} target {self.target:g}: now {action}, "
             f"pooled {self.value})"
         )
-
-
-def _reduce(total: tuple[float, ...], group: Any) -> tuple[float, ...]:
-    """Sum ``total`` over ``group`` (every rank gets the same sums); as is without a group."""
-    try:
-        import torch
-    except ImportError:
-        return total
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()):
-        return total
-    if group is None:
-        group = _data_parallel_group()
-    device: Any = "cpu"
-    if dist.get_backend(group) == "nccl":
-        device = torch.device("cuda", torch.cuda.current_device())
-    tensor = torch.tensor(total, dtype=torch.float64, device=device)
-    dist.all_reduce(tensor, group=group)
-    return tuple(tensor.tolist())
-
-
-def _data_parallel_group() -> Any:
-    """megatron's data-parallel group where megatron is initialized, else the default group."""
-    try:
-        from megatron.core import parallel_state
-    except ImportError:
-        return None
-    initialized: Callable[[], bool] = parallel_state.model_parallel_is_initialized
-    return parallel_state.get_data_parallel_group() if initialized() else None

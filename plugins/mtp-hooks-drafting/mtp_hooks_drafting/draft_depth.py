@@ -1,7 +1,7 @@
 """How many tokens a rollout engine should draft: the depth with the best expected tokens/s.
 
 :func:`recommend_num_speculative_tokens` picks it from the engine's acceptance (as
-:func:`~mtp_hooks.framework.acceptance_from_counts` gives it, or teacher-forced figures) and the
+:func:`~mtp_hooks_drafting.acceptance_from_counts` gives it, or teacher-forced figures) and the
 measured cost of an engine step, so a stale drafter stops slowing the rollouts down.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._errors import PolicyError
-from .._metrics import MTPMetrics
-from ._acceptance_controller import _reduce
-from ._engine_acceptance import _count, _fraction
+from mtp_hooks import MTPMetrics, PolicyError
+
+from ._checks import count, fraction
+from ._ranks import sum_over_ranks
 
 __all__ = ["SpeculationAdvice", "recommend_num_speculative_tokens"]
 
@@ -81,7 +81,7 @@ def recommend_num_speculative_tokens(
             depths asked about.
 
     Example:
-        >>> from mtp_hooks.framework import recommend_num_speculative_tokens
+        >>> from mtp_hooks_drafting import recommend_num_speculative_tokens
         >>> recommend_num_speculative_tokens([0.8, 0.6], step_cost=0.15).num_speculative_tokens
         2
         >>> recommend_num_speculative_tokens([0.05, 0.0], step_cost=0.15).num_speculative_tokens
@@ -91,8 +91,8 @@ def recommend_num_speculative_tokens(
     where = "recommend_num_speculative_tokens"
     if isinstance(chain_in, (str, bytes)) or not isinstance(chain_in, Sequence):
         raise PolicyError(f"{where}: acceptance must be MTPMetrics or a sequence of fractions")
-    chain = [_fraction(a, f"{where}: acceptance[{k}]") for k, a in enumerate(chain_in)]
-    depth = len(chain) if max_tokens is None else _count(max_tokens, f"{where}: max_tokens")
+    chain = [fraction(a, f"{where}: acceptance[{k}]") for k, a in enumerate(chain_in)]
+    depth = len(chain) if max_tokens is None else count(max_tokens, f"{where}: max_tokens")
     depth = min(depth, len(chain))
     if isinstance(step_cost, Sequence) and not isinstance(step_cost, (str, bytes)):
         costs = [_positive(c, f"{where}: step_cost[{k}]") for k, c in enumerate(step_cost)]
@@ -113,7 +113,7 @@ def recommend_num_speculative_tokens(
     if isinstance(floor, bool) or not isinstance(floor, numbers.Real) or not math.isfinite(floor):
         raise PolicyError(f"{where}: min_speedup must be a finite number, got {floor!r}")
     # Every rank decides from the same figures: the mean over the group.
-    reduced = _reduce((*chain[:depth], *costs, 1.0), group)
+    reduced = sum_over_ranks((*chain[:depth], *costs, 1.0), group)
     ranks = reduced[-1]
     chain = [c / ranks for c in reduced[:depth]]
     costs = [c / ranks for c in reduced[depth:-1]]

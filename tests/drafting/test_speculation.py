@@ -8,7 +8,7 @@ import pytest
 
 import mtp_hooks
 from mtp_hooks import MTPMetrics, PolicyError
-from mtp_hooks.framework import (
+from mtp_hooks_drafting import (
     AcceptanceController,
     acceptance_from_counts,
     acceptance_from_megatron,

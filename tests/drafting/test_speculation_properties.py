@@ -15,7 +15,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from mtp_hooks import MTPMetrics, PolicyError  # noqa: E402
-from mtp_hooks.framework import (  # noqa: E402
+from mtp_hooks_drafting import (  # noqa: E402
     acceptance_from_counts,
     acceptance_from_megatron,
     recommend_num_speculative_tokens,
