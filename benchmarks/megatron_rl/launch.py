@@ -24,7 +24,9 @@ What it does, and why each step is needed:
    after the prompt's ``=``, up to the end token, in each trajectory of a row, packed rows
    too); A adds an
    :class:`~mtp_hooks_drafting.AcceptanceController` that the recorder feeds with the engine's
-   own counters of each step's rollouts, before that step's policy update.
+   own counters of each step's rollouts, before that step's policy update, and records what it
+   found (whether the drafter died; with ``--step-cost``, the draft depth it advises, since
+   megatron's engine fixes ``--num-speculative-tokens`` when it is built).
 6. **Runs** ``train_rl.py`` as ``__main__`` (``runpy``), the way ``python train_rl.py`` would.
 7. **Exits at once if it raises** (:func:`run_or_exit`): the engine's coordinator is a
    process that is not a daemon, so after an exception Python's exit would wait for it, and
@@ -79,6 +81,20 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         type=float,
         default=None,
         help="arm A's accepted-length target (default: 0.95 x the first step's)",
+    )
+    parser.add_argument(
+        "--stale-steps",
+        type=int,
+        default=0,
+        help="arm A: run S's policy (MTP never trained) for this many steps first, so that "
+        "the drafter goes stale before the controller takes over",
+    )
+    parser.add_argument(
+        "--step-cost",
+        type=float,
+        default=None,
+        help="arm A: what each drafted token adds to an engine step, relative to a step that "
+        "drafts none; given, each step records the draft depth the controller advises",
     )
     split = argv.index("--") if "--" in argv else len(argv)
     return parser.parse_args(argv[:split]), argv[split + 1 :]
@@ -181,7 +197,6 @@ def set_up_mtp_hooks(own: argparse.Namespace, train_rl_args: list[str]) -> dict[
     """Attaches mtp-hooks as the arm says; returns the recorder's callbacks."""
     import mtp_hooks
     from mtp_hooks.plugins import hookimpl, register
-    from mtp_hooks_drafting import AcceptanceController, acceptance_from_counts
 
     mtp_hooks.auto_attach(clip_mtp_apart=True)
     mtp_hooks.configure(POLICIES[own.arm])
@@ -202,20 +217,55 @@ def set_up_mtp_hooks(own: argparse.Namespace, train_rl_args: list[str]) -> dict[
 
         register(ResponseOnly(), name="response-only")
     if own.arm == "A":
-        controller: dict[str, Any] = {"it": None}
-
-        def on_rollouts(spec: dict[str, Any]) -> None:
-            if not spec["proposed"]:
-                return
-            if controller["it"] is None:
-                first = spec["accepted_length"] or 0.0
-                target = own.target if own.target is not None else 0.95 * first
-                controller["it"] = AcceptanceController(target=target, below=1.0, above=None)
-                register(controller["it"], name="acceptance-controller")
-            controller["it"].update(acceptance_from_counts(spec["proposed"], spec["accepted"]))
-
-        callbacks["on_rollouts"] = on_rollouts
+        if own.stale_steps:
+            mtp_hooks.configure(POLICIES["S"])
+        callbacks["on_rollouts"] = controlled(own)
     return callbacks
+
+
+def controlled(own: argparse.Namespace) -> Callable[[dict[str, Any]], dict[str, Any] | None]:
+    """Arm A's callback of each step's rollouts: from the engine's counters of the step, the
+    controller decides whether MTP trains, and says whether the drafter died and, with
+    ``--step-cost``, how many tokens it would draft. The first step's accepted length sets the
+    target; with ``--stale-steps N``, S's policy holds for N steps, and the controller, made at
+    the first step all the same, takes over at step N + 1."""
+    import warnings
+
+    import mtp_hooks
+    from mtp_hooks.plugins import register
+    from mtp_hooks_drafting import AcceptanceController, acceptance_from_counts
+
+    state: dict[str, Any] = {"it": None, "steps": 0}
+
+    def on_rollouts(spec: dict[str, Any]) -> dict[str, Any] | None:
+        state["steps"] += 1
+        if own.stale_steps and state["steps"] == own.stale_steps + 1:
+            mtp_hooks.configure(POLICIES["A"])
+        if not spec["proposed"]:
+            return None
+        if state["it"] is None:
+            first = spec["accepted_length"] or 0.0
+            target = own.target if own.target is not None else 0.95 * first
+            state["it"] = AcceptanceController(target=target, below=1.0, above=None)
+            register(state["it"], name="acceptance-controller")
+        controller = state["it"]
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            # the engine drafts with the model that trains, so each update is a weight sync
+            figures = acceptance_from_counts(spec["proposed"], spec["accepted"])
+            controller.update(figures, synced=state["steps"] > 1)
+        found: dict[str, Any] = {
+            "trains_mtp": controller.weight is not None,
+            "dead": controller.dead,
+            "warnings": [str(w.message) for w in caught],
+        }
+        if own.step_cost is not None:
+            advice = controller.advise(step_cost=own.step_cost)
+            found["advised_k"] = advice.num_speculative_tokens
+            found["speedups"] = list(advice.speedups)
+        return found
+
+    return on_rollouts
 
 
 def main(argv: list[str]) -> None:

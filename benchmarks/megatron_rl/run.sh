@@ -17,7 +17,9 @@
 # Environment: TREE (a pinned tree's name, default core_v0.19.0: main's engine asserted with
 # k=2, see docs/benchmarks.md), SEED (1), OUT; MODEL (gpt, the 12-layer GPT of the earlier
 # sessions, or hybrid, the Nemotron-3-shaped model of model_args), MTP_LAYERS (2), PACK (0; 1:
-# arms pack their sequences into rows of PACK_LENGTH tokens, 2048).
+# arms pack their sequences into rows of PACK_LENGTH tokens, 2048), MICRO_BATCH (1: the arms'
+# log-prob passes and update take one trajectory a forward; megatron takes more unpacked, which
+# no session has run yet).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -144,7 +146,7 @@ YAML
         "${MODEL_ARGS[@]}" "${pack[@]}" --perform-rl-step --langrl-env-config /tmp/env.yaml \
         --grpo-group-size 8 --grpo-prompts-per-step 4 --grpo-iterations 1 \
         --grpo-clamp-eps-lower 0.2 --grpo-clamp-eps-upper 0.2 \
-        --micro-batch-size 1 --global-batch-size 32 --train-iters "$iters" \
+        --micro-batch-size "${MICRO_BATCH:-1}" --global-batch-size 32 --train-iters "$iters" \
         --lr 5e-5 --lr-decay-style constant --weight-decay 0.0 --clip-grad 1.0 \
         $( [ -n "${LOAD-/tmp/ckpt}" ] && echo --load "${LOAD-/tmp/ckpt}" --finetune --no-load-optim --no-load-rng ) \
         --inference-max-seq-length 128 --inference-dynamic-batching-buffer-size-gb 2 \

@@ -17,6 +17,8 @@ for the GPU and notes the time, so each step gets:
   and the tokens it cut (:mod:`agent` says why);
 * ``mtp_trained``: what the run's ``trained_mtp()`` said at the step's first policy forward
   (megatron's default: whenever the model has MTP layers);
+* ``controller``, where the run's ``on_rollouts`` callback (fed the step's counters before
+  its log-prob passes) returns what it found: arm A's controller's state;
 * ``peak_gib``, beside ``train_s``: the most GPU memory torch's allocator held from the step's
   first rollout forward to the next step's (the first step's includes start-up).
 
@@ -91,7 +93,7 @@ class StepRecorder:
         self,
         path: str,
         trained_mtp: Callable[[Any], bool] = lambda model: bool(model.config.mtp_num_layers),
-        on_rollouts: Callable[[dict[str, Any]], None] | None = None,
+        on_rollouts: Callable[[dict[str, Any]], dict[str, Any] | None] | None = None,
     ) -> None:
         self.path, self.trained_mtp, self.on_rollouts = path, trained_mtp, on_rollouts
         self.step, self.last, self.marks = 0, "start", {}
@@ -147,7 +149,7 @@ class StepRecorder:
             self.marks["spec"] = difference(counters, self.counters)
             self.counters = counters
             if self.on_rollouts is not None:
-                self.on_rollouts(self.marks["spec"])
+                self.marks["controller"] = self.on_rollouts(self.marks["spec"])
         elif kind == "train":
             self.marks["train"] = t
             self.write(self.record(module, t))
@@ -174,6 +176,7 @@ class StepRecorder:
             "cut_tokens": cut_tokens,
             "spec": marks.get("spec"),
             "mtp_trained": bool(self.trained_mtp(module)),
+            **({"controller": marks["controller"]} if marks.get("controller") else {}),
         }
 
 

@@ -297,6 +297,31 @@ def test_arm_a_registers_its_controller_at_the_first_rollouts_and_skips_mtp_once
     assert not mtp_hooks.decide(None, "eval").run  # the log-prob passes
 
 
+def test_arm_a_on_a_stale_drafter_reports_it_and_advises_no_drafting_until_refreshed(tmp_path):
+    import launch
+
+    own, _ = launch.parse(
+        ["--megatron-lm", "d", "--arm", "A", "--record", "r", "--stale-steps", "2",
+         "--step-cost", "0.5", "--"]
+    )  # fmt: skip
+    mtp_hooks.configure(launch.POLICIES["S"])  # what set_up_mtp_hooks does for a stale start
+    on_rollouts = launch.controlled(own)
+
+    def counts(first: int, second: int) -> dict:
+        return {"proposed": [100, 100], "accepted": [first, second]}
+
+    found = [on_rollouts({**counts(90, 80), "accepted_length": 1.7})]  # step 1: the target
+    assert not mtp_hooks.decide(None, "train").run  # S's policy still holds
+    found.append(on_rollouts(counts(1, 0)))  # step 2: a drafter that worked accepts nothing
+    found.append(on_rollouts(counts(20, 5)))  # step 3: the controller takes over, trains MTP
+    assert mtp_hooks.decide(None, "train").run and not mtp_hooks.decide(None, "eval").run
+    found.append(on_rollouts(counts(95, 90)))  # step 4: refreshed
+    assert [f["advised_k"] for f in found] == [2, 0, 0, 2]
+    assert [f["dead"] for f in found] == [False, True, False, False]
+    assert [len(f["warnings"]) for f in found] == [0, 1, 0, 0]
+    assert [f["trains_mtp"] for f in found] == [False, True, True, False]
+
+
 def test_arm_k_trains_mtp_detached_toward_the_policy_on_the_response_only(tmp_path):
     set_up_arm("K", tmp_path)
     assert "response-only" in {info.name for info in mtp_hooks.plugins.list_plugins()}

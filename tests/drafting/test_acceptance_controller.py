@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import warnings
 
 import pytest
 
 import mtp_hooks
 from mtp_hooks import MTPMetrics, PolicyError
-from mtp_hooks_drafting import AcceptanceController
+from mtp_hooks_drafting import AcceptanceController, DeadDrafterWarning, acceptance_from_counts
 
 
 def measured(accepted_length: float, positions: int = 100, acceptance: float = 0.5):
@@ -80,6 +81,9 @@ def test_acceptance_at_a_depth_can_be_the_target_metric():
         ({"metric": "perplexity"}, "metric must be one of"),
         ({"window": 0}, "window must be an int"),
         ({"watch": "nope"}, "unknown phase 'nope'"),
+        ({"dead_below": -0.1}, "dead_below must be a finite number >= 0"),
+        ({"dead_below": math.nan}, "dead_below must be a finite number >= 0"),
+        ({"dead_below": True}, "dead_below must be a finite number >= 0"),
     ],
 )
 def test_bad_settings_are_refused_with_the_setting_named(kwargs, message):
@@ -151,3 +155,78 @@ def test_an_update_without_figures_leaves_the_window_and_the_decision_as_they_we
     controller.update()
     controller.update(figures(2.0, tokens=0))
     assert list(controller.history) == [(100.0, 100.0)] and controller.weight == 0.3
+
+
+def test_a_drafter_that_accepts_almost_nothing_after_a_weight_sync_is_reported_dead_once():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=4)
+    controller.update(measured(1.8), synced=True)
+    with pytest.warns(DeadDrafterWarning, match=r"accepted_length is 0\.01 .*mtp\.\* parameters"):
+        controller.update(measured(0.01), synced=True)
+    assert controller.dead and "dead" in repr(controller)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # told once: a second update of a dead drafter is quiet
+        controller.update(measured(0.0))
+    assert controller.dead
+    controller.update(measured(1.2), synced=True)  # accepts again: alive, below its target
+    assert not controller.dead
+
+
+def test_a_sudden_fall_without_a_weight_sync_is_the_data_moving_not_a_death():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        controller.update(measured(1.8))
+        assert controller.update(measured(0.0)) == 0.3  # trained again, as the example shows
+    assert not controller.dead
+
+
+def test_a_drafter_that_never_reached_its_target_is_untrained_not_dead():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for value in (0.0, 0.01, 0.02):
+            controller.update(measured(value), synced=True)
+    assert not controller.dead and controller.weight == 0.3
+
+
+def test_a_target_below_dead_below_counts_as_reached_only_once_the_drafter_was_alive():
+    controller = AcceptanceController(target=0.01, below=0.3, above=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        controller.update(measured(0.02))  # at its target, but never alive: not dead after
+        controller.update(measured(0.0), synced=True)
+    controller.update(measured(0.5))
+    with pytest.warns(DeadDrafterWarning):
+        controller.update(measured(0.0), synced=True)
+
+
+def test_no_death_is_reported_with_dead_below_none():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None, dead_below=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        controller.update(measured(1.8), synced=True)
+        controller.update(measured(0.0), synced=True)
+    assert not controller.dead
+
+
+def test_the_advice_follows_the_engines_counters_stale_to_no_drafting_and_refreshed_back():
+    # two draft positions; a step that drafts k tokens costs 1 + 0.2 k of one that drafts none
+    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=2)
+    controller.update(acceptance_from_counts(100, [90, 80]))
+    assert controller.advise(step_cost=0.2).num_speculative_tokens == 2
+    controller.update(acceptance_from_counts(100, [10, 2]))  # going stale: pooled 0.5, 0.41
+    assert controller.advise(step_cost=0.2).num_speculative_tokens == 2
+    controller.update(acceptance_from_counts(100, [10, 2]))  # stale over the whole window
+    advice = controller.advise(step_cost=0.2)
+    assert advice.num_speculative_tokens == 0 and advice.chain_acceptance == (0.1, 0.02)
+    controller.update(acceptance_from_counts(100, [85, 70]))  # refreshed: pooled 0.475, 0.36
+    assert controller.advise(step_cost=0.2).num_speculative_tokens == 2
+
+
+def test_the_advice_pools_figures_by_their_positions_and_asks_for_figures_first():
+    controller = AcceptanceController(target=1.5, below=0.3, above=None, window=3)
+    with pytest.raises(mtp_hooks.PolicyError, match="no update has carried figures yet"):
+        controller.advise(step_cost=0.2)
+    controller.update(acceptance_from_counts(300, [150, 30]), acceptance_from_counts(100, [90, 50]))
+    advice = controller.advise(step_cost=[1.0, 1.1, 1.2], max_tokens=1)
+    assert advice.chain_acceptance == pytest.approx((0.6,)) and advice.num_speculative_tokens == 1

@@ -6,6 +6,8 @@ interpolating) or a ``PolicyError``."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 
 hypothesis = pytest.importorskip("hypothesis")
@@ -14,7 +16,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 from mtp_hooks import MTPMetrics, PolicyError  # noqa: E402
 from mtp_hooks.framework import loss_scale_schedule  # noqa: E402
-from mtp_hooks_drafting import AcceptanceController  # noqa: E402
+from mtp_hooks_drafting import AcceptanceController, DeadDrafterWarning  # noqa: E402
 
 SETTINGS = settings(max_examples=300, derandomize=True, database=None, deadline=None)
 anything = st.floats(allow_nan=True, allow_infinity=True)
@@ -50,11 +52,14 @@ def test_the_weight_is_always_one_of_the_two_actions(target, below, above, metri
     )
     for batch in updates:
         try:
-            weight = controller.update(*batch)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeadDrafterWarning)
+                weight = controller.update(*batch)
         except PolicyError:  # figures of a model shallower than the depth asked for
             continue
         assert weight in (below, above)
         assert controller.value is None or controller.value == controller.value  # never NaN
+        assert controller.reached or not controller.dead  # only a drafter that lived dies
 
 
 points = st.dictionaries(st.integers(0, 10**6), st.floats(0, 10, allow_nan=False), min_size=1)

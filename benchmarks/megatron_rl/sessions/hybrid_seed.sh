@@ -10,6 +10,9 @@
 # seed's M with k=2 (the step and acceptance goals) runs in another session, ARMS="M:2", with
 # the same seed (pretraining is seeded; compare its logged losses between the two sessions,
 # since MoE kernels and the time limit may differ).
+# Arm A (the AcceptanceController on the engine's counters) takes A_OPTIONS, for example
+# A_OPTIONS="--stale-steps 10 --step-cost 0.5": S's policy for 10 steps, then the controller,
+# recording each step whether the drafter died and the draft depth it advises.
 # Each arm ends by its step count or by megatron's own time limit (ARM_MINUTES, counted from
 # the arm's start, its start-up included). GPU_TESTS=1 runs tests/gpu once after staging, before
 # anything is timed, so that a session that changed the library checks it on the GPU first.
@@ -27,6 +30,10 @@ PRETRAIN_MINUTES="${PRETRAIN_MINUTES:-4}" bash "$RUN" pretrain "${PRETRAIN_ITERS
 
 export ARM_TIMEOUT=$((MINUTES * 60 + 90)) EXTRA="--exit-duration-in-mins $MINUTES"
 for spec in $ARMS; do
-    bash "$RUN" arm "${spec%%:*}_k${spec##*:}_s$SEED" "${spec%%:*}" "${spec##*:}" "$STEPS"
+    arm="${spec%%:*}" more=()
+    # arm A takes launch.py's --stale-steps and --step-cost from A_OPTIONS
+    # shellcheck disable=SC2206
+    [ "$arm" = A ] && more=(${A_OPTIONS:-})
+    bash "$RUN" arm "${arm}_k${spec##*:}_s$SEED" "$arm" "${spec##*:}" "$STEPS" "${more[@]}"
 done
 echo ">> session done" >> "$OUT/log.txt"

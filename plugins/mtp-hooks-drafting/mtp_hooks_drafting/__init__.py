@@ -4,7 +4,8 @@ What speculative decoding with MTP needs beside gating, built on mtp-hooks' publ
 imported by nothing in mtp-hooks itself:
 
 * :class:`AcceptanceController`, a plugin object that sets the training phase's MTP loss
-  weight, or a skip, from the drafter's recent acceptance;
+  weight, or a skip, from the drafter's recent acceptance, reports a drafter that died
+  (:class:`DeadDrafterWarning`) and advises how many tokens to draft;
 * :func:`acceptance_from_counts` and :func:`acceptance_from_megatron`, a rollout engine's own
   acceptance counters as :class:`mtp_hooks.MTPMetrics`;
 * :func:`recommend_num_speculative_tokens`, the number of tokens to draft with the best
@@ -16,12 +17,13 @@ registered (``mtp_hooks.plugins.register(controller)``).
 
 from __future__ import annotations
 
-from .controller import AcceptanceController
+from .controller import AcceptanceController, DeadDrafterWarning
 from .draft_depth import SpeculationAdvice, recommend_num_speculative_tokens
 from .engine_acceptance import acceptance_from_counts, acceptance_from_megatron
 
 __all__ = [
     "AcceptanceController",
+    "DeadDrafterWarning",
     "SpeculationAdvice",
     "acceptance_from_counts",
     "acceptance_from_megatron",

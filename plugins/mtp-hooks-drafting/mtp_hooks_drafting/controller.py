@@ -6,13 +6,17 @@ recorded forwards (``eval=run+metrics``), and at :meth:`~AcceptanceController.up
 every rank calls at the same point of the loop, it pools the last ``window`` updates' figures
 (weighted by positions, reduced across the data-parallel ranks) and picks the training-phase
 action: one MTP loss weight while the drafter is below the target, another weight, or a skip,
-once it is at or above it.
+once it is at or above it. It also reports a drafter that died (:class:`DeadDrafterWarning`),
+and advises how many tokens to draft from the same figures
+(:meth:`~AcceptanceController.advise`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from collections import deque
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mtp_hooks import MTPMetrics, PhaseLike, PolicyError
@@ -20,6 +24,7 @@ from mtp_hooks.framework import cacheable_vote, check_phase, votes_changed
 from mtp_hooks.plugins import hookimpl
 
 from ._ranks import sum_over_ranks
+from .draft_depth import SpeculationAdvice, recommend_num_speculative_tokens
 
 if TYPE_CHECKING:
     import torch
@@ -47,6 +52,16 @@ _OPTIONAL = {
     "single_position_sampled_accepted_length": _SINGLE_POSITION_MISSING,
 }
 MAX_WINDOW = 1_000_000  # updates pooled at most: far beyond any run's, and a deque can hold it
+
+
+class DeadDrafterWarning(UserWarning):
+    """A drafter that had reached its target accepts almost nothing right after a weight sync.
+
+    That is the mark of MTP weights that the sync left behind (the rollout engine drafts with
+    the MTP layers it had, or with none), where a drafter that goes stale fades over many
+    steps. Issued once when the drafter dies, on every rank alike; the controller's
+    :attr:`AcceptanceController.dead` says whether it is dead now.
+    """
 
 
 def _weight(value: float | None, name: str) -> float | None:
@@ -78,6 +93,12 @@ class AcceptanceController:
             1,000,000).
         watch: The phase whose recorded metrics are collected (``"eval"``).
         phase: The phase whose MTP weight is controlled (``"train"``).
+        dead_below: The figure below which a drafter is reported dead
+            (:class:`DeadDrafterWarning`), from the figures of an update after a weight sync
+            alone (``update(synced=True)``), once a decision has seen the pooled figure at or
+            above both ``target`` and ``dead_below``; ``None`` turns the report off. Default
+            ``0.05``: near zero for every metric, since each is a fraction or a count of
+            accepted drafts.
         group: The process group the figures are reduced over; ``None``: megatron's data-parallel
             group where megatron is initialized, else the default group. Without
             ``torch.distributed`` nothing is reduced.
@@ -116,6 +137,7 @@ class AcceptanceController:
         watch: PhaseLike = "eval",
         phase: PhaseLike = "train",
         group: Any = None,
+        dead_below: float | None = 0.05,
     ) -> None:
         if metric not in METRICS:
             raise PolicyError(f"AcceptanceController: metric must be one of {METRICS}")
@@ -133,7 +155,18 @@ class AcceptanceController:
                 f"AcceptanceController: target must be finite, got {target!r}; the drafter "
                 "would never reach a NaN target, and always or never an infinite one"
             )
+        if dead_below is not None and not (
+            not isinstance(dead_below, bool)
+            and isinstance(dead_below, (int, float))
+            and math.isfinite(dead_below)
+            and dead_below >= 0
+        ):
+            raise PolicyError(
+                "AcceptanceController: dead_below must be a finite number >= 0, or None (no "
+                f"report), got {dead_below!r}"
+            )
         self.target, self.metric, self.depth = float(target), metric, depth
+        self.dead_below = None if dead_below is None else float(dead_below)
         self.below, self.above = _weight(below, "below"), _weight(above, "above")
         self.watch = str(check_phase(watch, "AcceptanceController watch"))
         self.phase = str(check_phase(phase, "AcceptanceController phase"))
@@ -142,18 +175,30 @@ class AcceptanceController:
         self.history: deque[tuple[float, float]] = deque(maxlen=window)  # (sum, weight)
         self.value: float | None = None  # the pooled metric of the last decision
         self.weight: float | None = self.below  # what the controlled phase runs with
+        self.reached = False  # whether a decision has seen the drafter at its target, alive
+        self.dead = False  # whether the last update's figures found a drafter that had died
+        # per update, this rank's chained acceptance summed over positions, and the positions
+        self.chains: deque[tuple[tuple[float, ...], tuple[float, ...]]] = deque(maxlen=window)
 
     # -- feeding and deciding -------------------------------------------------------------
     def collect(self, metrics: MTPMetrics) -> None:
         """Keep ``metrics`` for the next :meth:`update` (this rank only; no communication)."""
         self.pending.append(metrics)
 
-    def update(self, *metrics: MTPMetrics) -> float | None:
+    def update(self, *metrics: MTPMetrics, synced: bool = False) -> float | None:
         """Pool what was collected (and ``metrics``), reduce it across ranks, and decide.
 
         A collective under ``torch.distributed``: call it on every rank of the group at the
         same point of the loop (after evaluation, at a log interval). Returns the weight the
         controlled phase now runs with; ``None`` means skip.
+
+        Args:
+            metrics: Figures beside those collected from recorded forwards (an engine's
+                counters, :func:`~mtp_hooks_drafting.acceptance_from_counts`).
+            synced: Whether the figures come from rollouts after a weight sync (the engine
+                drafted with weights it had just received). A drafter that accepts almost
+                nothing then is reported dead (``dead_below``); a sudden fall without a sync
+                is the data moving, which the controller answers by training the drafter.
 
         Raises:
             PolicyError: Something other than :class:`~mtp_hooks.MTPMetrics` is given (the
@@ -197,14 +242,83 @@ class AcceptanceController:
             )
         if weight > 0:
             self.history.append((value_sum, weight))
+            self._report_death(value_sum / weight, synced)
+        chained = _chained(usable)
+        if any(chained[1]):
+            self.chains.append(chained)
         pooled = sum(w for _, w in self.history)
         if pooled > 0:
             self.value = sum(v for v, _ in self.history) / pooled
+            alive = self.dead_below is None or self.value >= self.dead_below
+            self.reached = self.reached or (self.value >= self.target and alive)
             chosen = self.below if self.value < self.target else self.above
             if chosen != self.weight:
                 self.weight = chosen
                 votes_changed()  # gates ask again at their next forward
         return self.weight
+
+    def _report_death(self, latest: float, synced: bool) -> None:
+        """Mark the drafter dead or alive from one update's figure (the same on every rank)."""
+        was, low = self.dead, self.dead_below is not None and latest < self.dead_below
+        self.dead = low and (was or (synced and self.reached))
+        if self.dead and not was:
+            warnings.warn(
+                DeadDrafterWarning(
+                    f"AcceptanceController: the drafter's {self.metric} is {latest:.3g} right "
+                    f"after a weight sync, below dead_below={self.dead_below:g}, where it had "
+                    f"reached the target {self.target:g}: check that the sync carries the MTP "
+                    "layers' weights (the model's mtp.* parameters) to the rollout engine with "
+                    "the trunk's"
+                ),
+                stacklevel=3,
+            )
+
+    def advise(
+        self,
+        *,
+        step_cost: float | Sequence[float],
+        max_tokens: int | None = None,
+        min_speedup: float = 1.0,
+    ) -> SpeculationAdvice:
+        """How many tokens a rollout engine should draft, from the chained acceptance of the
+        figures of the last ``window`` updates (this rank's, averaged over the controller's
+        group): :func:`~mtp_hooks_drafting.recommend_num_speculative_tokens` on them.
+
+        A collective under ``torch.distributed``, like :meth:`update`; every rank's figures
+        must cover the same number of draft positions.
+
+        Raises:
+            PolicyError: No update has carried figures yet, or a figure or cost is out of
+                range (as :func:`~mtp_hooks_drafting.recommend_num_speculative_tokens` says).
+
+        Example:
+            >>> from mtp_hooks_drafting import AcceptanceController, acceptance_from_counts
+            >>> controller = AcceptanceController(target=1.5, below=0.3, above=None)
+            >>> controller.update(acceptance_from_counts(100, [90, 80]))  # 1.7 accepted: skip
+            >>> controller.advise(step_cost=0.2).num_speculative_tokens
+            2
+        """
+        sums = [0.0] * max((len(tokens) for _, tokens in self.chains), default=0)
+        positions = [0.0] * len(sums)
+        for chain, tokens in self.chains:
+            for k, (accepted, count) in enumerate(zip(chain, tokens, strict=True)):
+                sums[k] += accepted
+                positions[k] += count
+        covered = next((k for k, count in enumerate(positions) if count == 0), len(positions))
+        if covered == 0:
+            raise PolicyError(
+                "AcceptanceController.advise: no update has carried figures yet; call "
+                "update() with the engine's counters (acceptance_from_counts) or recorded "
+                "MTPMetrics first"
+            )
+        chain = [sums[k] / positions[k] for k in range(covered)]
+        return recommend_num_speculative_tokens(
+            chain,
+            step_cost=step_cost,
+            max_tokens=max_tokens,
+            min_speedup=min_speedup,
+            group=self.group,
+        )
 
     def _pooled(self, m: MTPMetrics) -> tuple[float, float]:
         """``(metric * positions, positions)`` of one :class:`MTPMetrics`."""
@@ -238,7 +352,21 @@ class AcceptanceController:
 
     def __repr__(self) -> str:
         action = "skip" if self.weight is None else f"run:{self.weight:g}"
+        dead = ", the drafter dead" if self.dead else ""
         return (
             f"AcceptanceController({self.metric} target {self.target:g}: now {action}, "
-            f"pooled {self.value})"
+            f"pooled {self.value}{dead})"
         )
+
+
+def _chained(figures: list[MTPMetrics]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """The chained acceptance of ``figures`` summed over their positions, per draft position,
+    and the positions (figures that are not finite left out)."""
+    depth = max((len(m.chain_acceptance) for m in figures), default=0)
+    sums, positions = [0.0] * depth, [0.0] * depth
+    for m in figures:
+        for k, (rate, count) in enumerate(zip(m.chain_acceptance, m.tokens, strict=False)):
+            if math.isfinite(rate) and count > 0:
+                sums[k] += rate * count
+                positions[k] += count
+    return tuple(sums), tuple(positions)
