@@ -227,6 +227,11 @@ class Option:
     plans_when_plain: ClassVar[bool] = False
     """Whether :meth:`plan` may change a plan whose options are all plain (plugins' loss masks
     are asked by default); where it may not, a plain plan does not ask it. Default ``False``."""
+    extension: ClassVar[str] = ""
+    """Where the adapters find its per-call extension kind, as ``"module:Class"``
+    (``"mtp_hooks.megatron._loss_masking:LossMasks"``), for a plan part that asks for one
+    (:attr:`PlanPart.extension`); empty: it never asks. A name, not the class, since the
+    adapters stand above the options and import torch: the first plan that asks imports it."""
 
     @property
     def spellings(self) -> tuple[str, ...]:

@@ -101,6 +101,7 @@ class Metrics(Flag):
 
     name = "metrics"
     unset = False
+    extension = "mtp_hooks.megatron.drafting._recorder:Recorder"
 
     def plan(self, options: Options, implements: Callable[[str], bool]) -> PlanPart:
         return PlanPart(extension=True) if options.metrics else NOTHING
@@ -158,6 +159,7 @@ class Mask(Option):
     given = {"mask": None, "ignore_index": None, "plugin_masks": None}
     decided = {"mask": None, "ignore_index": IGNORE_INDEX, "plugin_masks": True}
     plans_when_plain = True  # plugins' masks are asked unless the config turns them off
+    extension = "mtp_hooks.megatron._loss_masking:LossMasks"
 
     def parse(
         self, table: Mapping[str, Any], where: str, value: str, parsed: Mapping[str, Any]
@@ -260,6 +262,7 @@ class Objective(Option):
     decided = {"objective": None, "temperature": 1.0}
     hook = "mtp_objective"
     what, settle = "the MTP objective", "run+detach+objective:kl"
+    extension = "mtp_hooks.megatron.drafting._objectives:Objectives"
 
     def parse(
         self, table: Mapping[str, Any], where: str, value: str, parsed: Mapping[str, Any]

@@ -10,7 +10,8 @@ CUDA-graph replays), so a refusal comes before the forward changes anything.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Final, Protocol
+import importlib
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .. import _decision, _options, _phases, _roles, _sources
 from .._errors import about
@@ -20,9 +21,6 @@ from .._plugin_registry import registry
 from . import _cuda_graphs, _rank_agreement, _refusals
 from ._call_extensions import Kind
 from ._config_view import Changes
-from ._loss_masking import LossMasks
-from .drafting._objectives import Objectives
-from .drafting._recorder import Recorder
 
 if TYPE_CHECKING:
     import torch
@@ -52,7 +50,7 @@ class PhasePlan:
     into_layers: bool
     """Whether the changes also reach the MTP block's and layers' own configs (``+detach``)."""
     extensions: tuple[Kind, ...]
-    """The per-call extensions its calls begin, in the order of :data:`KINDS`."""
+    """The per-call extensions its calls begin, in the order they begin (:func:`kinds`)."""
 
     def plainly(self, run: bool) -> PhasePlan:
         """This plan with ``run`` and none of its options: what a standalone layout's loss
@@ -73,13 +71,41 @@ class PhasePlan:
         ]
 
 
-KINDS: Final[tuple[tuple[str, Kind], ...]] = (
-    ("mask", LossMasks),
-    ("metrics", Recorder),
-    ("objective", Objectives),
-)
-"""The per-call extension of each option that has one, by option name, in the order a call
-begins them: a mask comes before the metrics that read it."""
+_KINDS: dict[str, Kind] = {}  # each option's kind by its extension's name, imported once
+
+
+def kinds(asking: list[_options.Option]) -> tuple[Kind, ...]:
+    """The per-call extension kinds of the options in ``asking``, in the order a call begins
+    them: those that only prepare the call (``ends`` false: a mask, set in the call's keyword
+    arguments) first, since the others read what they set (metrics read the mask), then the
+    rest in the options' order.
+
+    Raises:
+        LookupError: An option asks for an extension but names none, or a name that does
+            not import; nothing is planned then.
+    """
+    made = []
+    for option in asking:
+        kind = _KINDS.get(option.extension)
+        if kind is None:
+            kind = _KINDS[option.extension] = _imported(option)
+        made.append(kind)
+    # ``ends`` is a class attribute of each kind (CallExtension.ends), read before any exists
+    return tuple(sorted(made, key=lambda kind: bool(getattr(kind, "ends", True))))
+
+
+def _imported(option: _options.Option) -> Kind:
+    module, _, name = option.extension.partition(":")
+    try:
+        kind: Kind = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError, ValueError) as exc:
+        where = f"{option.extension!r} ({exc})" if option.extension else "none"
+        raise LookupError(
+            f"mtp_hooks: option {option.name!r} asks for a per-call extension, but its "
+            f"extension names {where}; set {type(option).__name__}.extension to the kind's "
+            '"module:Class"'
+        ) from exc
+    return kind
 
 
 def _plain(phase: Any, version: int, run: bool, counters: list[int]) -> PhasePlan:
@@ -157,7 +183,8 @@ def _made(phase: Any, version: int, counters: list[int], decision: Any) -> Phase
         return _plain(phase, version, False, counters)
     options, implements = decision.options, registry().implements
     changes: dict[str, Any] = {}
-    into_layers, asking = False, []
+    into_layers = False
+    asking: list[_options.Option] = []
     plain = options is _options.plain()  # most plans: only an option that plans at its plain
     # values is asked (a plugin asked at every forward makes a plan at every forward)
     for option in _options.OPTIONS:
@@ -169,18 +196,9 @@ def _made(phase: Any, version: int, counters: list[int], decision: Any) -> Phase
         changes.update(part.changes)
         into_layers = into_layers or part.into_layers
         if part.extension:
-            asking.append(option.name)
-    extensions: tuple[Kind, ...] = ()
-    if asking:  # a plan per forward where a plugin is asked at every forward: the plain plan
-        # builds nothing here
-        served = {name for name, _ in KINDS}
-        unknown = [name for name in asking if name not in served]
-        if unknown:
-            raise LookupError(
-                f"mtp_hooks: option(s) {', '.join(unknown)} ask for a per-call extension, but "
-                "mtp_hooks.megatron._phase_plan.KINDS lists none for them; add the kind there"
-            )
-        extensions = tuple(kind for name, kind in KINDS if name in asking)
+            asking.append(option)
+    # a plan per forward where a plugin is asked at every forward: the plain plan asks nothing
+    extensions = kinds(asking) if asking else ()
     return PhasePlan(
         phase,
         version,

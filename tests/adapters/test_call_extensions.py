@@ -141,6 +141,7 @@ class Echo(_options.Flag):
     """docs/contributing.md's made-up ``+echo``: a flag whose plan begins an extension."""
 
     name = "echo"
+    extension = f"{__name__}:Spy"
 
     def plan(self, options, implements):
         return _options.PlanPart(extension=True) if options.echo else _options.NOTHING
@@ -148,15 +149,12 @@ class Echo(_options.Flag):
 
 @pytest.fixture
 def with_echo(monkeypatch):
-    """``+echo`` as docs/contributing.md adds it: its class, and its kind where plans find it."""
+    """``+echo`` as docs/contributing.md adds it: its class, which names its kind."""
     monkeypatch.setattr(_options, "OPTIONS", (*_options.OPTIONS, Echo()))
     Spy.made.clear()
 
 
-def test_a_new_option_begins_and_ends_its_extension_from_its_class_and_one_kind(
-    with_echo, monkeypatch, build, batch
-):
-    monkeypatch.setattr(_phase_plan, "KINDS", (*_phase_plan.KINDS, ("echo", Spy)))
+def test_a_new_option_begins_and_ends_its_extension_from_its_class_alone(with_echo, build, batch):
     model = build(0)
     mtp_hooks.configure("train=run+echo,eval=skip")
     handle = mtp_hooks.attach(model)
@@ -173,14 +171,33 @@ def test_a_new_option_begins_and_ends_its_extension_from_its_class_and_one_kind(
     handle.remove()
 
 
-def test_a_new_option_whose_extension_no_kind_serves_is_refused_naming_where_it_goes(
-    with_echo, build, batch
+@pytest.mark.parametrize("extension", ["", "no_such_module:Spy", f"{__name__}:NoSuchKind"])
+def test_a_new_option_whose_extension_does_not_import_is_refused_naming_the_fix(
+    with_echo, monkeypatch, build, batch, extension
 ):
+    monkeypatch.setattr(Echo, "extension", extension)
     model = build(0)
     mtp_hooks.configure("train=run+echo")
     handle = mtp_hooks.attach(model)
     model.train()
-    with pytest.raises(LookupError, match=r"echo ask for a per-call extension.*KINDS"):
+    fix = r"option 'echo' asks for a per-call extension.*set Echo\.extension"
+    with pytest.raises(LookupError, match=fix):
         model(*batch.args(), labels=batch.labels)
     assert model.mtp_process is True and Spy.made == []
     handle.remove()
+
+
+def test_every_option_that_names_an_extension_names_a_kind_that_imports():
+    named = [option for option in _options.OPTIONS if option.extension]
+    assert {option.name for option in named} == {"mask", "metrics", "objective"}
+    assert all(callable(kind) for kind in _phase_plan.kinds(named))
+
+
+def test_a_call_begins_the_kinds_that_prepare_it_before_those_that_read_it():
+    options = {option.name: option for option in _options.OPTIONS}
+    asked = [options["metrics"], options["objective"], options["mask"]]
+    assert [kind.__name__ for kind in _phase_plan.kinds(asked)] == [
+        "LossMasks",
+        "Recorder",
+        "Objectives",
+    ]

@@ -54,6 +54,7 @@ LONG = {
     "mtp_hooks._option_base": "what an option is, and the Options record every layer reads",
     "mtp_hooks._policy": "the policy's grammar: a string, a mapping or a TOML file, every error",
     "mtp_hooks._plugin_registry": "the one PluginManager: loading, registration, each hook's call",
+    "mtp_hooks_drafting.controller": "the AcceptanceController: its update, hooks and advice",
 }
 
 

@@ -59,7 +59,7 @@ def test_the_weight_is_always_one_of_the_two_actions(target, below, above, metri
             continue
         assert weight in (below, above)
         assert controller.value is None or controller.value == controller.value  # never NaN
-        assert controller.reached or not controller.dead  # only a drafter that lived dies
+        assert controller.death.reached or not controller.dead  # only a drafter that lived dies
 
 
 points = st.dictionaries(st.integers(0, 10**6), st.floats(0, 10, allow_nan=False), min_size=1)

@@ -17,7 +17,8 @@ registered (``mtp_hooks.plugins.register(controller)``).
 
 from __future__ import annotations
 
-from .controller import AcceptanceController, DeadDrafterWarning
+from ._death import DeadDrafterWarning
+from .controller import AcceptanceController
 from .draft_depth import SpeculationAdvice, recommend_num_speculative_tokens
 from .engine_acceptance import acceptance_from_counts, acceptance_from_megatron
 

@@ -14,7 +14,6 @@ and advises how many tokens to draft from the same figures
 from __future__ import annotations
 
 import math
-import warnings
 from collections import deque
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -23,8 +22,9 @@ from mtp_hooks import MTPMetrics, PhaseLike, PolicyError
 from mtp_hooks.framework import cacheable_vote, check_phase, votes_changed
 from mtp_hooks.plugins import hookimpl
 
+from ._death import DeathWatch
 from ._ranks import sum_over_ranks
-from .draft_depth import SpeculationAdvice, recommend_num_speculative_tokens
+from .draft_depth import ChainWindow, SpeculationAdvice, recommend_num_speculative_tokens
 
 if TYPE_CHECKING:
     import torch
@@ -52,16 +52,6 @@ _OPTIONAL = {
     "single_position_sampled_accepted_length": _SINGLE_POSITION_MISSING,
 }
 MAX_WINDOW = 1_000_000  # updates pooled at most: far beyond any run's, and a deque can hold it
-
-
-class DeadDrafterWarning(UserWarning):
-    """A drafter that had reached its target accepts almost nothing right after a weight sync.
-
-    That is the mark of MTP weights that the sync left behind (the rollout engine drafts with
-    the MTP layers it had, or with none), where a drafter that goes stale fades over many
-    steps. Issued once when the drafter dies, on every rank alike; the controller's
-    :attr:`AcceptanceController.dead` says whether it is dead now.
-    """
 
 
 def _weight(value: float | None, name: str) -> float | None:
@@ -155,18 +145,8 @@ class AcceptanceController:
                 f"AcceptanceController: target must be finite, got {target!r}; the drafter "
                 "would never reach a NaN target, and always or never an infinite one"
             )
-        if dead_below is not None and not (
-            not isinstance(dead_below, bool)
-            and isinstance(dead_below, (int, float))
-            and math.isfinite(dead_below)
-            and dead_below >= 0
-        ):
-            raise PolicyError(
-                "AcceptanceController: dead_below must be a finite number >= 0, or None (no "
-                f"report), got {dead_below!r}"
-            )
         self.target, self.metric, self.depth = float(target), metric, depth
-        self.dead_below = None if dead_below is None else float(dead_below)
+        self.death = DeathWatch(dead_below, self.target, metric)
         self.below, self.above = _weight(below, "below"), _weight(above, "above")
         self.watch = str(check_phase(watch, "AcceptanceController watch"))
         self.phase = str(check_phase(phase, "AcceptanceController phase"))
@@ -175,10 +155,13 @@ class AcceptanceController:
         self.history: deque[tuple[float, float]] = deque(maxlen=window)  # (sum, weight)
         self.value: float | None = None  # the pooled metric of the last decision
         self.weight: float | None = self.below  # what the controlled phase runs with
-        self.reached = False  # whether a decision has seen the drafter at its target, alive
-        self.dead = False  # whether the last update's figures found a drafter that had died
-        # per update, this rank's chained acceptance summed over positions, and the positions
-        self.chains: deque[tuple[tuple[float, ...], tuple[float, ...]]] = deque(maxlen=window)
+        self.chains = ChainWindow(window)  # the chained acceptance, for advise()
+
+    @property
+    def dead(self) -> bool:
+        """Whether the last update's figures found a drafter that had died
+        (:class:`DeadDrafterWarning`)."""
+        return self.death.dead
 
     # -- feeding and deciding -------------------------------------------------------------
     def collect(self, metrics: MTPMetrics) -> None:
@@ -242,36 +225,17 @@ class AcceptanceController:
             )
         if weight > 0:
             self.history.append((value_sum, weight))
-            self._report_death(value_sum / weight, synced)
-        chained = _chained(usable)
-        if any(chained[1]):
-            self.chains.append(chained)
+            self.death.check(value_sum / weight, synced)
+        self.chains.add(usable)
         pooled = sum(w for _, w in self.history)
         if pooled > 0:
             self.value = sum(v for v, _ in self.history) / pooled
-            alive = self.dead_below is None or self.value >= self.dead_below
-            self.reached = self.reached or (self.value >= self.target and alive)
+            self.death.saw(self.value)
             chosen = self.below if self.value < self.target else self.above
             if chosen != self.weight:
                 self.weight = chosen
                 votes_changed()  # gates ask again at their next forward
         return self.weight
-
-    def _report_death(self, latest: float, synced: bool) -> None:
-        """Mark the drafter dead or alive from one update's figure (the same on every rank)."""
-        was, low = self.dead, self.dead_below is not None and latest < self.dead_below
-        self.dead = low and (was or (synced and self.reached))
-        if self.dead and not was:
-            warnings.warn(
-                DeadDrafterWarning(
-                    f"AcceptanceController: the drafter's {self.metric} is {latest:.3g} right "
-                    f"after a weight sync, below dead_below={self.dead_below:g}, where it had "
-                    f"reached the target {self.target:g}: check that the sync carries the MTP "
-                    "layers' weights (the model's mtp.* parameters) to the rollout engine with "
-                    "the trunk's"
-                ),
-                stacklevel=3,
-            )
 
     def advise(
         self,
@@ -298,22 +262,15 @@ class AcceptanceController:
             >>> controller.advise(step_cost=0.2).num_speculative_tokens
             2
         """
-        sums = [0.0] * max((len(tokens) for _, tokens in self.chains), default=0)
-        positions = [0.0] * len(sums)
-        for chain, tokens in self.chains:
-            for k, (accepted, count) in enumerate(zip(chain, tokens, strict=True)):
-                sums[k] += accepted
-                positions[k] += count
-        covered = next((k for k, count in enumerate(positions) if count == 0), len(positions))
-        if covered == 0:
+        pooled = self.chains.pooled()
+        if not pooled:
             raise PolicyError(
                 "AcceptanceController.advise: no update has carried figures yet; call "
                 "update() with the engine's counters (acceptance_from_counts) or recorded "
                 "MTPMetrics first"
             )
-        chain = [sums[k] / positions[k] for k in range(covered)]
         return recommend_num_speculative_tokens(
-            chain,
+            pooled,
             step_cost=step_cost,
             max_tokens=max_tokens,
             min_speedup=min_speedup,
@@ -352,21 +309,8 @@ class AcceptanceController:
 
     def __repr__(self) -> str:
         action = "skip" if self.weight is None else f"run:{self.weight:g}"
-        dead = ", the drafter dead" if self.dead else ""
+        dead = ", the drafter dead" if self.death.dead else ""
         return (
             f"AcceptanceController({self.metric} target {self.target:g}: now {action}, "
             f"pooled {self.value}{dead})"
         )
-
-
-def _chained(figures: list[MTPMetrics]) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """The chained acceptance of ``figures`` summed over their positions, per draft position,
-    and the positions (figures that are not finite left out)."""
-    depth = max((len(m.chain_acceptance) for m in figures), default=0)
-    sums, positions = [0.0] * depth, [0.0] * depth
-    for m in figures:
-        for k, (rate, count) in enumerate(zip(m.chain_acceptance, m.tokens, strict=False)):
-            if math.isfinite(rate) and count > 0:
-                sums[k] += rate * count
-                positions[k] += count
-    return tuple(sums), tuple(positions)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -136,3 +137,37 @@ def _positive(value: Any, what: str) -> float:
     if not (math.isfinite(value) and value > 0):
         raise PolicyError(f"{what} must be finite and > 0, got {value!r}")
     return float(value)
+
+
+class ChainWindow:
+    """The chained acceptance per draft position of the figures of the last ``window`` updates,
+    weighted by positions: what :meth:`AcceptanceController.advise` drafts by. This rank's
+    figures only; :func:`recommend_num_speculative_tokens` averages over the ranks."""
+
+    def __init__(self, window: int) -> None:
+        # per update: the chained acceptance summed over positions, and the positions
+        self.updates: deque[tuple[list[float], list[float]]] = deque(maxlen=window)
+
+    def add(self, figures: Sequence[MTPMetrics]) -> None:
+        """One update's figures (those that are not finite left out); none: nothing changes."""
+        depth = max((len(m.chain_acceptance) for m in figures), default=0)
+        sums, positions = [0.0] * depth, [0.0] * depth
+        for m in figures:
+            for k, (rate, drafted) in enumerate(zip(m.chain_acceptance, m.tokens, strict=False)):
+                if math.isfinite(rate) and drafted > 0:
+                    sums[k] += rate * drafted
+                    positions[k] += drafted
+        if any(positions):
+            self.updates.append((sums, positions))
+
+    def pooled(self) -> list[float]:
+        """The pooled chained acceptance, up to the first position no update covered; empty
+        before any figures."""
+        depth = max((len(positions) for _, positions in self.updates), default=0)
+        sums, positions = [0.0] * depth, [0.0] * depth
+        for update_sums, update_positions in self.updates:
+            for k, (total, drafted) in enumerate(zip(update_sums, update_positions, strict=True)):
+                sums[k] += total
+                positions[k] += drafted
+        covered = next((k for k, drafted in enumerate(positions) if drafted == 0), depth)
+        return [sums[k] / positions[k] for k in range(covered)]
