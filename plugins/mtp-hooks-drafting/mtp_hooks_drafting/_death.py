@@ -19,16 +19,15 @@ class DeadDrafterWarning(UserWarning):
 
 
 class DeathWatch:
-    """An :class:`AcceptanceController`'s watch for a drafter that died, from its figures.
+    """An :class:`AcceptanceController`'s watch for a drafter that died, from its figures. The
+    controller's target and metric are passed at each call, so a controller whose target is
+    changed is watched against the new one.
 
     Args:
         below: The figure below which a drafter is dead (``dead_below``), or ``None``: never.
-        target: The controller's target: a drafter that never reached it is untrained, not
-            dead.
-        metric: The figure's name, for the warning.
     """
 
-    def __init__(self, below: float | None, target: float, metric: str) -> None:
+    def __init__(self, below: float | None) -> None:
         if below is not None and not (
             not isinstance(below, bool)
             and isinstance(below, (int, float))
@@ -40,26 +39,27 @@ class DeathWatch:
                 f"report), got {below!r}"
             )
         self.below = None if below is None else float(below)
-        self.target, self.metric = target, metric
         self.reached = False  # whether a decision has seen the drafter at its target, alive
         self.dead = False
 
-    def saw(self, pooled: float) -> None:
-        """A decision's pooled figure: the drafter reached its target (and was alive then)."""
+    def saw(self, pooled: float, target: float) -> None:
+        """A decision's pooled figure: the drafter reached ``target`` (a drafter that never
+        did is untrained, not dead), and was alive then."""
         alive = self.below is None or pooled >= self.below
-        self.reached = self.reached or (pooled >= self.target and alive)
+        self.reached = self.reached or (pooled >= target and alive)
 
-    def check(self, latest: float, synced: bool) -> None:
-        """One update's figure (the same on every rank): dead where it had reached its target
-        and accepts almost nothing right after a weight sync, until it accepts again."""
+    def check(self, latest: float, synced: bool, target: float, metric: str) -> None:
+        """One update's figure of ``metric`` (the same on every rank): dead where it had
+        reached its target and accepts almost nothing right after a weight sync, until it
+        accepts again."""
         was, low = self.dead, self.below is not None and latest < self.below
         self.dead = low and (was or (synced and self.reached))
         if self.dead and not was:
             warnings.warn(
                 DeadDrafterWarning(
-                    f"AcceptanceController: the drafter's {self.metric} is {latest:.3g} right "
+                    f"AcceptanceController: the drafter's {metric} is {latest:.3g} right "
                     f"after a weight sync, below dead_below={self.below:g}, where it had "
-                    f"reached the target {self.target:g}: check that the sync carries the MTP "
+                    f"reached the target {target:g}: check that the sync carries the MTP "
                     "layers' weights (the model's mtp.* parameters) to the rollout engine with "
                     "the trunk's"
                 ),

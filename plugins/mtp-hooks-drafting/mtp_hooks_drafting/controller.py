@@ -146,7 +146,7 @@ class AcceptanceController:
                 "would never reach a NaN target, and always or never an infinite one"
             )
         self.target, self.metric, self.depth = float(target), metric, depth
-        self.death = DeathWatch(dead_below, self.target, metric)
+        self.death = DeathWatch(dead_below)
         self.below, self.above = _weight(below, "below"), _weight(above, "above")
         self.watch = str(check_phase(watch, "AcceptanceController watch"))
         self.phase = str(check_phase(phase, "AcceptanceController phase"))
@@ -225,12 +225,12 @@ class AcceptanceController:
             )
         if weight > 0:
             self.history.append((value_sum, weight))
-            self.death.check(value_sum / weight, synced)
+            self.death.check(value_sum / weight, synced, self.target, self.metric)
         self.chains.add(usable)
         pooled = sum(w for _, w in self.history)
         if pooled > 0:
             self.value = sum(v for v, _ in self.history) / pooled
-            self.death.saw(self.value)
+            self.death.saw(self.value, self.target)
             chosen = self.below if self.value < self.target else self.above
             if chosen != self.weight:
                 self.weight = chosen
