@@ -46,7 +46,8 @@ for tree in pins["trees"]:
 PY
 tar -cf "$OUT/bundle.tar" -C "$DL" .
 rm -rf "$OUT/parts" && mkdir -p "$OUT/parts"
-# 54 MiB a part leaves 10 MiB of a call for the work tree (about 9 MiB, growing with records).
-split -b 54M -d "$OUT/bundle.tar" "$OUT/parts/p"
+# 44 MiB a part leaves 20 MiB of a call for the work tree (11 MiB in December 2026, growing
+# with each session's records; 54 MiB parts stopped fitting at 11). run.sh takes up to 100 parts.
+split -b 44M -d "$OUT/bundle.tar" "$OUT/parts/p"
 sha256sum "$OUT/bundle.tar" | cut -d' ' -f1 > "$OUT/parts/SHA256"
 ls -l "$OUT/parts"

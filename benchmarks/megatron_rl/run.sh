@@ -40,7 +40,7 @@ site_env() {
 }
 
 stage() {
-    cat /tmp/stage/p0? > /tmp/bundle.tar
+    cat /tmp/stage/p[0-9][0-9] > /tmp/bundle.tar
     [ "$(sha256sum /tmp/bundle.tar | cut -d' ' -f1)" = "$(cat /tmp/stage/SHA256)" ] \
         || { say "bundle sha256 mismatch"; return 1; }
     rm -rf /tmp/b && mkdir -p /tmp/b /tmp/mlm && tar -xf /tmp/bundle.tar -C /tmp/b && rm /tmp/bundle.tar

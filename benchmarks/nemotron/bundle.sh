@@ -68,6 +68,7 @@ else
     tar -cf "$OUT/bundle.tar" -C "$DL" .
 fi
 rm -rf "$OUT/parts" && mkdir -p "$OUT/parts"
-split -b 54M -d "$OUT/bundle.tar" "$OUT/parts/p"
+# 44 MiB a part leaves 20 MiB of a call for the work tree, which grows with records.
+split -b 44M -d "$OUT/bundle.tar" "$OUT/parts/p"
 sha256sum "$OUT/bundle.tar" | cut -d' ' -f1 > "$OUT/parts/SHA256"
 ls -l "$OUT/parts"
