@@ -551,11 +551,12 @@ def test_the_goals_find_their_runs_by_what_they_are_and_judge_only_what_was_meas
     )
     assert verdict("A trains MTP")[0] is True  # 4 of 13
     assert verdict("Response-only")[0] is False  # 0.95 < 1.0 at the last step
-    # the shared run is left out; the eager pair meets the goal, the graphs pair is beside it
+    # the shared run is left out; 14 steps do not reach the goal's window: read, not judged
     assert verdict("Rollouts") == (
-        True,
-        "H eager: 150 against 100 tokens/s (1.50x); "
-        "H local graphs: 90 against 120 tokens/s (0.75x)",
+        None,
+        "H eager: 150 against 100 tokens/s (1.50x, steps 8-14 only, not judged: a run ended "
+        "before step 20); H local graphs: 90 against 120 tokens/s (0.75x, steps 8-14 only, not "
+        "judged: a run ended before step 20); needs H with k=2 and k=0, alone, to step 20",
     )
     logprob = verdict("The log-prob passes")
     assert logprob[0] is True and "(h0 against n)" in logprob[1]  # like for like: k=0, eager
@@ -575,8 +576,30 @@ def test_a_hybrid_runs_mtp_depths_are_read_from_its_layer_pattern():
     assert goals.mtp_depths(hybrid) == 2
     assert goals.mtp_depths(["--hybrid-layer-pattern", "MEMEM*E"]) == 0
     assert goals.mtp_depths(["--mtp-num-layers", "1", *hybrid]) == 1  # the flag, where given
-    fast, slow = _run("h", "H", 2, [1.8] * 14), _run("h0", "H", 0, [1.8] * 14)
+    fast, slow = _run("h", "H", 2, [1.8] * 20), _run("h0", "H", 0, [1.8] * 20)
     for run in (fast, slow):  # as train_rl.py's hybrid runs are written: no --mtp-num-layers
         run["meta"]["argv"] = ["--hybrid-layer-pattern", "M*E/*E/*E", *run["meta"]["argv"][:2]]
     verdict = next(v for v in goals.goals([fast, slow]) if v[0].startswith("Rollouts"))
-    assert verdict[1:] == (False, "H eager: 100 against 100 tokens/s (1.00x)")
+    assert verdict[1:] == (False, "H eager: 100 against 100 tokens/s (1.00x, steps 20 on)")
+
+
+def test_the_rollout_goal_is_judged_over_steps_20_on_and_not_over_the_drafters_first_steps():
+    import goals
+
+    def pair() -> list[dict]:
+        fast = _run("h", "H", 2, [1.8] * 24, tokens_per_s=140.0)
+        slow = _run("h0", "H", 0, [1.8] * 24)
+        for step in fast["steps"][:19]:  # a drafter still learning: slower than k=0 at first
+            step["tokens_per_s"] = 50.0
+        return [fast, slow]
+
+    def rollouts(runs: list[dict]) -> tuple:
+        return next(v[1:] for v in goals.goals(runs) if v[0].startswith("Rollouts"))
+
+    # the whole run's median (50) would say 0.50x; steps 20-24 say 1.40x
+    assert rollouts(pair()) == (True, "H eager: 140 against 100 tokens/s (1.40x, steps 20 on)")
+    slow_finish = pair()
+    slow_finish[1]["steps"] = slow_finish[1]["steps"][:19]  # k=0 ended at step 19
+    met, numbers = rollouts(slow_finish)
+    assert met is None and "(0.50x, steps 10-19 only, not judged" in numbers
+    assert numbers.endswith("needs H with k=2 and k=0, alone, to step 20")
