@@ -120,7 +120,7 @@ def _with_options(
     implements = ballot.implements
     given = None if entry is None else entry.options
     options, ask = decision.options, None
-    for option in _options.OPTIONS:
+    for option in _options.options():
         if entry is None and (option.hook is None or not implements(option.hook)):
             continue
         if ask is None:  # made only where an option is asked: a plugin vote decides per forward

@@ -1,4 +1,6 @@
-"""How an on/off environment switch of mtp-hooks reads: ``1``, ``true``, ``yes`` or ``on``."""
+"""The environment switches of mtp-hooks: how an on/off switch reads (``1``, ``true``, ``yes``
+or ``on``), and the two that keep installed distributions' code out (read by the plugin
+registry and by the loading of contributed policy options alike)."""
 
 from __future__ import annotations
 
@@ -6,7 +8,17 @@ import os
 
 _ON = frozenset({"1", "true", "yes", "on"})
 
+ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
+"""On: no entry point is loaded, of either group (``mtp_hooks`` plugins, ``mtp_hooks.options``)."""
+ENV_DISABLE = "MTP_HOOKS_DISABLE"
+"""Comma-separated entry-point names that are not loaded (plugins and options alike)."""
+
 
 def flag(name: str) -> bool:
     """Whether the environment variable ``name`` is set to an "on" value (case-insensitive)."""
     return os.environ.get(name, "").strip().lower() in _ON
+
+
+def blocked_names() -> list[str]:
+    """The entry-point names :data:`ENV_DISABLE` lists."""
+    return [n.strip() for n in os.environ.get(ENV_DISABLE, "").split(",") if n.strip()]

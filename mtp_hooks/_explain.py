@@ -50,6 +50,6 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
         )
         if decision.run:
             registry = _registry()
-            for option in _options.OPTIONS:
+            for option in _options.options():
                 lines += option.describe(decision.options, registry.implementers)
     return "\n".join(lines)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any, ClassVar, Final
 
 from ._errors import PolicyConflictError, PolicyError, about
@@ -227,6 +228,10 @@ class Option:
     plans_when_plain: ClassVar[bool] = False
     """Whether :meth:`plan` may change a plan whose options are all plain (plugins' loss masks
     are asked by default); where it may not, a plain plan does not ask it. Default ``False``."""
+    hookspecs: ClassVar[ModuleType | type | None] = None
+    """A module or class whose :data:`mtp_hooks.plugins.hookspec`-marked functions declare the
+    hooks it asks (:attr:`hook`), where they are not mtp-hooks' own: the plugin registry adds
+    them, so that plugins may implement them. Default ``None``."""
     extension: ClassVar[str] = ""
     """Where the adapters find its per-call extension kind, as ``"module:Class"``
     (``"mtp_hooks.megatron._loss_masking:LossMasks"``), for a plan part that asks for one

@@ -21,6 +21,7 @@ import reprlib
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
+from . import _contributed_options, _runtime
 from ._errors import PolicyError
 from ._option_base import (
     NOTHING,
@@ -38,7 +39,17 @@ from ._policy_errors import did_you_mean
 from ._weights import check_loss_scale
 from .hookspecs import OBJECTIVES
 
-__all__ = ["NOTHING", "OPTIONS", "Ask", "Asked", "Flag", "Option", "Options", "PlanPart"]
+__all__ = [
+    "NOTHING",
+    "OPTIONS",
+    "Ask",
+    "Asked",
+    "Flag",
+    "Option",
+    "Options",
+    "PlanPart",
+    "options",
+]
 
 IGNORE_INDEX = -100  # torch's cross-entropy default, and what megatron's datasets write
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # labels are int64: a label outside can never match
@@ -352,25 +363,42 @@ class Objective(Option):
 
 
 OPTIONS: Final[tuple[Option, ...]] = (LossScale(), Metrics(), Detach(), Mask(), Objective())
-"""Every policy option, in the order the parser checks them, decisions take them and messages
-list them: an option may read the fields of those before it (``objective`` reads
-``detach``). Later options' config changes win over earlier ones' (an objective's weight 0
-over ``run:W``)."""
+"""The built-in policy options (:func:`options` adds the contributed ones after them), in the
+order the parser checks them, decisions take them and messages list them: an option may read
+the fields of those before it (``objective`` reads ``detach``). Later options' config changes
+win over earlier ones' (an objective's weight 0 over ``run:W``)."""
+
+
+def options() -> tuple[Option, ...]:
+    """Every policy option in force: :data:`OPTIONS`, then those installed distributions
+    contribute (:mod:`._contributed_options`), loaded at the first call of this runtime (the
+    first parse or decision) and kept until :func:`mtp_hooks.testing.reset`.
+
+    Raises:
+        PluginError: A contributed option does not load or clashes with another; the message
+            names its distribution and the fix, and no contributed option is loaded.
+    """
+    runtime = _runtime.current
+    found: tuple[Option, ...] | None = runtime.options
+    if found is None:
+        found = runtime.options = OPTIONS + _contributed_options.load(OPTIONS)
+    return found
 
 
 def entry_options(fields: Mapping[str, Any] | None = None) -> Options:
     """An entry's options: ``fields`` over every option's unset values."""
-    unset = {name: value for option in OPTIONS for name, value in option.given.items()}
+    unset = {name: value for option in options() for name, value in option.given.items()}
     return Options({**unset, **(fields or {})})
 
 
-_plain: list[Any] = [None, None]  # (the OPTIONS it was made of, their plain Options)
+_plain: list[Any] = [None, None]  # (the options it was made of, their plain Options)
 
 
 def plain() -> Options:
-    """A decision's and a plan's options in a plain run or skip (made once per :data:`OPTIONS`:
-    a decision asked of plugins at every forward starts from it)."""
-    if _plain[0] is not OPTIONS:
-        _plain[:] = OPTIONS, Options({n: v for o in OPTIONS for n, v in o.decided.items()})
+    """A decision's and a plan's options in a plain run or skip (made once per set of
+    :func:`options`: a decision asked of plugins at every forward starts from it)."""
+    in_force = options()
+    if _plain[0] is not in_force:
+        _plain[:] = in_force, Options({n: v for o in in_force for n, v in o.decided.items()})
     made: Options = _plain[1]
     return made

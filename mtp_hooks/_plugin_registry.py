@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import importlib.metadata
 import inspect
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import pluggy
 
-from . import _env, _runtime, hookspecs
+from . import _env, _options, _runtime, hookspecs
+from ._contributed_options import hook_names
 from ._errors import PluginError, UnknownPluginError, about
 from ._plugin_checks import (
     all_cacheable,
@@ -31,8 +31,7 @@ from ._plugin_checks import (
 if TYPE_CHECKING:
     from ._forward_call import ForwardCall
 
-ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
-ENV_DISABLE = "MTP_HOOKS_DISABLE"
+ENV_DISABLE_AUTOLOAD, ENV_DISABLE = _env.ENV_DISABLE_AUTOLOAD, _env.ENV_DISABLE
 
 
 class PluginCaller(NamedTuple):
@@ -65,23 +64,22 @@ def registry() -> PluginRegistry:
     return found
 
 
-def _blocked_names() -> list[str]:
-    return [n.strip() for n in os.environ.get(ENV_DISABLE, "").split(",") if n.strip()]
-
-
 class PluginRegistry:
     """Typed facade over the plugin manager; the only code that calls hooks."""
 
     def __init__(self) -> None:
         self.pm = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.pm.add_hookspecs(hookspecs)
+        for option in _options.options():  # checked apart when they were loaded
+            if option.hookspecs is not None:
+                self.pm.add_hookspecs(option.hookspecs)
         self._dists: dict[str, tuple[str, str]] = {}
         self._blocked_eps: dict[str, tuple[str | None, str | None]] = {}
         self._phases: frozenset[str] | None = None  # both derived from the plugins, and
         self._cacheable: bool | None = None  # cleared when they change
         # per hook: the implementations the callers were made for, and the callers
         self._callers: dict[str, tuple[tuple[Any, ...], tuple[PluginCaller, ...]]] = {}
-        for name in _blocked_names():
+        for name in _env.blocked_names():
             self.pm.set_blocked(name)
 
     # -- loading -----------------------------------------------------------------------------
@@ -127,12 +125,17 @@ class PluginRegistry:
             raise
 
     def hook_names(self) -> list[str]:
-        """Every hook mtp-hooks defines, in the order :mod:`mtp_hooks.hookspecs` declares them."""
-        return [
+        """Every hook mtp-hooks defines, in the order :mod:`mtp_hooks.hookspecs` declares them,
+        then those the contributed policy options declare."""
+        own = [
             name
             for name in vars(hookspecs)
             if self.pm.parse_hookspec_opts(hookspecs, name) is not None
         ]
+        for option in _options.options():
+            if option.hookspecs is not None:
+                own += hook_names(option.hookspecs)
+        return own
 
     def check_pending(self) -> None:
         """Raise :class:`PluginError` for a hookimpl that matches no hookspec (a typo)."""
@@ -302,7 +305,7 @@ class PluginRegistry:
             infos.append(PluginInfo(name, dist, version, hooks))
         for name, (dist, version) in self._blocked_eps.items():
             infos.append(PluginInfo(name, dist, version, (), blocked=True))
-        for name in _blocked_names():
+        for name in _env.blocked_names():
             if name not in self._blocked_eps:
                 infos.append(PluginInfo(name, None, None, (), blocked=True))
         return sorted(infos, key=lambda i: i.name)

@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _options, _phase_catalogue
+from ._contributed_options import left_out
 from ._errors import PolicyError, about
 from ._policy_entry import (
     VALUES,
@@ -68,7 +69,7 @@ def _checked_value(raw: object, source: str, key: str) -> PolicyEntry:
     else:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
     fields: dict[str, Any] = {}
-    for option in _options.OPTIONS:  # in order: an option may read those before it
+    for option in _options.options():  # in order: an option may read those before it
         fields.update(option.parse(table, where, value, fields))
     return PolicyEntry(value, source, _options.entry_options(fields))
 
@@ -80,7 +81,7 @@ def _table_value(
     keys = table_keys()
     unknown = sorted(str(k) for k in set(raw) - set(keys))
     if unknown:
-        names = ", ".join(f"{k!r}{did_you_mean(k, keys)}" for k in unknown)
+        names = ", ".join(f"{k!r}{left_out(k) or did_you_mean(k, keys)}" for k in unknown)
         takes = listed([repr(k) for k in keys])
         raise PolicyError(
             option=unknown[0],

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from . import _options
+from . import _contributed_options, _options
 from ._options import Option, Options, entry_options
 from ._policy_errors import did_you_mean
 
@@ -43,13 +43,13 @@ def spell(entry: PolicyEntry) -> str:
     (``detach = false``, the model's own setting; ``ignore_index``; ``plugin_masks = false``;
     ``temperature``) have no compact spelling and are left out.
     """
-    return entry.value + "".join(option.spell(entry.options) for option in _options.OPTIONS)
+    return entry.value + "".join(option.spell(entry.options) for option in _options.options())
 
 
 def note(entry: PolicyEntry) -> str:
     """What ``check-config`` adds after :func:`spell` for the choices that have no compact
     spelling (``" (detach = false: the model's own)"``)."""
-    return "".join(option.note(entry.options) for option in _options.OPTIONS)
+    return "".join(option.note(entry.options) for option in _options.options())
 
 
 def listed(names: list[str]) -> str:
@@ -59,12 +59,12 @@ def listed(names: list[str]) -> str:
 
 def plus_options() -> str:
     """The ``+`` options as messages list them."""
-    return listed([o.shown for o in _options.OPTIONS if o.shown])
+    return listed([o.shown for o in _options.options() if o.shown])
 
 
 def table_keys() -> tuple[str, ...]:
     """Every key a TOML policy table takes, ``mtp`` first."""
-    return ("mtp", *(key for option in _options.OPTIONS for key in option.keys))
+    return ("mtp", *(key for option in _options.options() for key in option.keys))
 
 
 def allowed_values() -> str:
@@ -77,10 +77,12 @@ def allowed_values() -> str:
 
 def by_name(name: str) -> Option | None:
     """The ``+`` option called ``name``, or ``None``."""
-    return next((o for o in _options.OPTIONS if o.shown and o.name == name), None)
+    return next((o for o in _options.options() if o.shown and o.name == name), None)
 
 
 def unknown_option_hint(option: str) -> str:
-    """A did-you-mean for an unknown ``+option``."""
-    spelled = [f"+{s}" for o in _options.OPTIONS for s in o.spellings]
-    return did_you_mean(f"+{option}", spelled)
+    """Why ``+option`` is unknown where an installed distribution's option of that name is kept
+    out, else a did-you-mean."""
+    kept_out = _contributed_options.left_out(option.partition(":")[0])
+    spelled = [f"+{s}" for o in _options.options() for s in o.spellings]
+    return kept_out or did_you_mean(f"+{option}", spelled)

@@ -3,8 +3,9 @@
 * **The policy**, :data:`current` (a :class:`Runtime`, replaced whole by
   :func:`mtp_hooks.testing.reset`): the snapshot of the policy in force
   (:class:`~mtp_hooks._policy_snapshot.PolicySnapshot`, immutable, with a version), the
-  sources it is read from, the plugin registry, the phases declared through the API, the
-  models' roles, and the memo of decisions made from the snapshot. Whatever changes what a
+  sources it is read from, the policy options in force (with those installed distributions
+  contribute), the plugin registry, the phases declared through the API, the models' roles,
+  and the memo of decisions made from the snapshot. Whatever changes what a
   decision reads calls :func:`advance`, which puts the snapshot's next version in force, so a
   gate may reuse a decision for as long as the version stands still.
 * **The models and the process**, :data:`process` (a :class:`ProcessState`, never replaced,
@@ -13,7 +14,7 @@
   thread's frame reader, the warnings already given, and the callbacks that run at a reset.
 
 Nothing is created at import time but the two empty objects; the registry (with its entry
-points) and the policy's sources are built on first use.
+points), the contributed options and the policy's sources are built on first use.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ class Runtime:
         "memo",
         "votes_memo",
         "memo_version",
+        "options",
     )
 
     def __init__(self, version: int = 0) -> None:
@@ -99,6 +101,9 @@ class Runtime:
         """The plugins' cacheable votes by name, per model (held weakly) and (role, phase),
         given at ``memo_version``."""
         self.memo_version = -1
+        self.options: Any = None
+        """Every policy option in force, the contributed ones loaded at first use (typed
+        where it is made, :func:`mtp_hooks._options.options`)."""
 
 
 class ProcessState:

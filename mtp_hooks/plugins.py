@@ -1,9 +1,19 @@
-"""What a plugin author imports: the hook markers, registration, and the reset callback.
+"""What a plugin author imports: the hook markers, registration, the reset callback, and what
+a policy option is.
 
 A plugin is any module or object with functions marked by :data:`hookimpl`, named after the
 hooks of :mod:`mtp_hooks.hookspecs`. Register it with :func:`register`, or ship it as an entry
 point of the ``mtp_hooks`` group; entry points are loaded all or nothing, the first time a
 decision is made. Nothing here runs at import time.
+
+A distribution may also contribute a policy option (``+name`` in a policy string): an
+:class:`Option` subclass (a :class:`Flag` for a ``+name`` flag), shipped as an entry point of
+the :data:`OPTIONS_GROUP` group under the option's name. Contributed options are loaded all or
+nothing at the first parse or decision, after the built-in ones, and each is checked apart
+from the others (name, table keys, spellings, fields, hooks); its :attr:`Option.hookspecs`
+join mtp-hooks' own, so plugins may implement them. What the option does at a forward call is
+its per-call extension (:attr:`Option.extension`, a kind of
+:class:`mtp_hooks.megatron.CallExtension`). docs/contributing.md walks through one.
 
 Example:
     >>> from mtp_hooks.plugins import hookimpl, register, unregister
@@ -19,16 +29,29 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Final
 
 import pluggy
 
-from . import _runtime
+from . import _contributed_options, _runtime
+from ._option_base import NOTHING, Ask, Asked, Flag, Option, PlanPart
 from ._plugin_registry import ENV_DISABLE, ENV_DISABLE_AUTOLOAD, PluginInfo, registry
 from .hookspecs import hookimpl, hookspec
+
+OPTIONS_GROUP: Final = _contributed_options.GROUP
+"""The entry-point group under which a distribution ships a policy option of its own
+(``mtp_hooks.options``); the entry point's name is the option's."""
 
 __all__ = [
     "ENV_DISABLE",
     "ENV_DISABLE_AUTOLOAD",
+    "NOTHING",
+    "OPTIONS_GROUP",
+    "Ask",
+    "Asked",
+    "Flag",
+    "Option",
+    "PlanPart",
     "PluginInfo",
     "get_plugin_manager",
     "hookimpl",

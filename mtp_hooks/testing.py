@@ -14,8 +14,8 @@ def reset() -> None:
     their settings; every :class:`mtp_hooks.framework.RoleSettings` is cleared), and auto-attach
     stops watching for new models. Then the plugin manager, the policy config, the declared
     phases and the roles start over: the next use builds a new plugin manager and reloads entry
-    points. Hooks already attached to models stay attached; remove them with
-    ``handle.remove()``.
+    points, those of contributed policy options included. Hooks already attached to models
+    stay attached; remove them with ``handle.remove()``.
 
     Example:
         >>> import mtp_hooks

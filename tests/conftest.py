@@ -14,6 +14,7 @@ import pytest
 
 import mtp_hooks
 
+from installed_distributions import install  # noqa: F401  (a fixture of every suite)
 from mamba_on_cpu import expose_mamba_triton_kernels
 from plugin_answers import Answers, answers
 

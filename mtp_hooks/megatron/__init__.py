@@ -7,10 +7,14 @@ model is attached.
 from __future__ import annotations
 
 from ._attach import attach, clip_mtp_apart, freeze_mtp, freeze_trunk, remove
+from ._call_extensions import CallExtension, Extensions, PlannedCall
 from ._handle import AttachHandle
 
 __all__ = [
     "AttachHandle",
+    "CallExtension",
+    "Extensions",
+    "PlannedCall",
     "attach",
     "auto_attach",
     "clip_mtp_apart",

@@ -65,13 +65,10 @@ class PhasePlan:
         implements = registry().implements
         return [
             asked.says
-            for option in _options.OPTIONS
+            for option in _options.options()
             for asked in option.asked(self.options, implements)
             if asked.needs_a_run or not needing_a_run
         ]
-
-
-_KINDS: dict[str, Kind] = {}  # each option's kind by its extension's name, imported once
 
 
 def kinds(asking: list[_options.Option]) -> tuple[Kind, ...]:
@@ -84,12 +81,9 @@ def kinds(asking: list[_options.Option]) -> tuple[Kind, ...]:
         LookupError: An option asks for an extension but names none, or a name that does
             not import; nothing is planned then.
     """
-    made = []
-    for option in asking:
-        kind = _KINDS.get(option.extension)
-        if kind is None:
-            kind = _KINDS[option.extension] = _imported(option)
-        made.append(kind)
+    # imported at each plan, not kept here: a plan is made once per phase and policy version,
+    # and sys.modules already keeps the module (a reset may bring another option of one name)
+    made = [_imported(option) for option in asking]
     # ``ends`` is a class attribute of each kind (CallExtension.ends), read before any exists
     return tuple(sorted(made, key=lambda kind: bool(getattr(kind, "ends", True))))
 
@@ -187,7 +181,7 @@ def _made(phase: Any, version: int, counters: list[int], decision: Any) -> Phase
     asking: list[_options.Option] = []
     plain = options is _options.plain()  # most plans: only an option that plans at its plain
     # values is asked (a plugin asked at every forward makes a plan at every forward)
-    for option in _options.OPTIONS:
+    for option in _options.options():
         if plain and not option.plans_when_plain:
             continue
         part = option.plan(options, implements)

@@ -187,6 +187,69 @@ def test_a_new_option_whose_extension_does_not_import_is_refused_naming_the_fix(
     handle.remove()
 
 
+# An option and its extension from a distribution of their own, written with public names only
+COUNTER = """
+from mtp_hooks.megatron import CallExtension
+from mtp_hooks.plugins import NOTHING, Flag, PlanPart
+
+
+class Counter:
+    ends = True
+    made = []
+
+    def __init__(self, model, extensions):
+        self.begun = self.ended = 0
+        Counter.made.append(self)
+
+    def begin(self, module, plan, args, kwargs, config):
+        self.begun += 1
+        self.phase = plan.phase
+
+    def end(self, module, output):
+        self.ended += 1
+
+    def cancel(self):
+        pass
+
+    def drop_all(self):
+        pass
+
+
+class Count(Flag):
+    name = "count"
+    extension = "mtpx_count:Counter"
+
+    def plan(self, options, implements):
+        return PlanPart(extension=True) if options.count else NOTHING
+
+
+ACCEPTED: CallExtension = Counter(None, None)  # the protocol, as mypy reads it
+Counter.made.clear()
+"""
+
+
+def test_an_option_and_its_extension_from_an_installed_distribution_run_on_a_real_model(
+    install, build, batch
+):
+    import sys
+
+    install(
+        "mtpx-count", COUNTER, "count", group=mtp_hooks.plugins.OPTIONS_GROUP, attribute="Count"
+    )
+    model = build(0)
+    mtp_hooks.configure("train=run+count,eval=skip")
+    handle = mtp_hooks.attach(model)
+    model.train()
+    for _ in range(2):
+        model(*batch.args(), labels=batch.labels)
+    model.eval()
+    with torch.no_grad():
+        model(*batch.args())
+    (counter,) = sys.modules["mtpx_count"].Counter.made
+    assert (counter.begun, counter.ended, str(counter.phase)) == (2, 3, "train")
+    handle.remove()
+
+
 def test_every_option_that_names_an_extension_names_a_kind_that_imports():
     named = [option for option in _options.OPTIONS if option.extension]
     assert {option.name for option in named} == {"mask", "metrics", "objective"}

@@ -1,20 +1,19 @@
 """Entry-point plugins found through real distribution metadata on ``sys.path``.
 
 Each test writes a ``NAME-1.0.dist-info`` with an ``entry_points.txt`` and the plugin module next
-to it, so discovery goes through ``importlib.metadata`` exactly as for an installed package.
+to it (the ``install`` fixture of tests/conftest.py), so discovery goes through
+``importlib.metadata`` exactly as for an installed package.
 """
 
 from __future__ import annotations
-
-import importlib
-import sys
-import textwrap
 
 import pluggy
 import pytest
 
 import mtp_hooks
 from mtp_hooks._plugin_registry import PluginRegistry
+
+from installed_distributions import FRAMEWORK_PLUGINS
 
 GOOD = """
 import mtp_hooks
@@ -23,34 +22,6 @@ import mtp_hooks
 def should_run_mtp(model, phase):
     return False if phase == "rollout" else None
 """
-
-
-# The framework plugins of plugins/ may be installed here too, and vote once configured.
-FRAMEWORK_PLUGINS = "verl,nemo,modelopt"
-
-
-@pytest.fixture
-def install(tmp_path, monkeypatch):
-    """``install(dist, module_source, ep_name=...)`` makes an importable distribution."""
-    monkeypatch.delenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD")
-    monkeypatch.setenv("MTP_HOOKS_DISABLE", FRAMEWORK_PLUGINS)
-    monkeypatch.syspath_prepend(str(tmp_path))
-    created: list[str] = []
-
-    def make(dist: str, source: str, ep_name: str | None = None, version: str = "1.0") -> str:
-        module = dist.replace("-", "_")
-        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
-        info = tmp_path / f"{module}-{version}.dist-info"
-        info.mkdir()
-        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
-        (info / "entry_points.txt").write_text(f"[mtp_hooks]\n{ep_name or dist} = {module}\n")
-        created.append(module)
-        importlib.invalidate_caches()
-        return module
-
-    yield make
-    for module in created:
-        sys.modules.pop(module, None)
 
 
 def test_an_installed_plugin_is_loaded_on_first_use(install):
@@ -160,10 +131,6 @@ def test_an_entry_point_naming_a_class_registers_an_instance(install):
             def should_run_mtp(self, model, phase):
                 return phase == "train"
         """,
+        attribute="Policy",
     )
-    (tmp_info,) = [
-        p for p in sys.path if (__import__("pathlib").Path(p) / "mtpx_class.py").exists()
-    ]
-    ep = __import__("pathlib").Path(tmp_info) / "mtpx_class-1.0.dist-info" / "entry_points.txt"
-    ep.write_text("[mtp_hooks]\nmtpx-class = mtpx_class:Policy\n")
     assert mtp_hooks.decide(None, "eval").run is False

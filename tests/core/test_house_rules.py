@@ -27,12 +27,15 @@ LAYERS = {
         "mtp_hooks._weights", "mtp_hooks._metrics", "mtp_hooks._forward_call",
         "mtp_hooks.hookspecs",
     ],
-    "plugin registry": [
-        "mtp_hooks._plugin_checks", "mtp_hooks._plugin_registry", "mtp_hooks._roles",
+    # below the registry, which adds the hookspecs of the options installed distributions
+    # contribute before it loads a plugin that implements one
+    "policy options": [
+        "mtp_hooks._plugin_checks", "mtp_hooks._policy_errors", "mtp_hooks._option_base",
+        "mtp_hooks._options", "mtp_hooks._contributed_options",
     ],
+    "plugin registry": ["mtp_hooks._plugin_registry", "mtp_hooks._roles"],
     "policy": [
-        "mtp_hooks._policy_errors", "mtp_hooks._phase_catalogue", "mtp_hooks._option_base",
-        "mtp_hooks._options", "mtp_hooks._policy_entry",
+        "mtp_hooks._phase_catalogue", "mtp_hooks._policy_entry",
         "mtp_hooks._policy",
         "mtp_hooks._sources", "mtp_hooks._decision", "mtp_hooks._explain", "mtp_hooks._loss_masks",
     ],
