@@ -10,8 +10,9 @@ What it does, and why each step is needed:
    tree: Megatron-LM's files must be those of the pinned commit, byte for byte.
 2. **Puts DIR first on** ``sys.path``, so its ``megatron`` package (core, training, rl) runs,
    and this folder, so megatron can import the agent. Refuses, before step 1, a setting that
-   megatron is known to stop on later (:func:`refuse_drafting_past_the_rotary_table`,
-   :func:`refuse_packing_that_truncates`).
+   megatron is known to stop on later or to compute wrongly
+   (:func:`refuse_drafting_past_the_rotary_table`, :func:`refuse_packing_that_truncates`,
+   :func:`refuse_unpacked_micro_batches`).
 3. **Adds the agent to megatron's allowlist** (``megatron.rl.agent.registry.AGENT_REGISTRY``):
    an environment config may only name listed agents, and the benchmark's task ships with no
    Megatron-LM release. One dict entry; no megatron function is replaced.
@@ -189,6 +190,28 @@ def refuse_packing_that_truncates(train_rl_args: list[str]) -> None:
         )
 
 
+def refuse_unpacked_micro_batches(train_rl_args: list[str]) -> None:
+    """Refuses, before step 1, more than one trajectory a forward without sequence packing.
+
+    Unpacked, Megatron-LM (core_v0.19.0) still hands every forward of the log-prob passes
+    (``get_logprobs`` in ``megatron/rl/rl_utils.py``) and of the update (``forward_step`` in
+    ``train_rl.py``) a THD ``PackedSeqParams`` that describes one sequence of the row's length
+    (``cu_seqlens = [0, seq_len]``), whatever ``--micro-batch-size`` is. Rows past the first are
+    then outside the sequence the attention and Mamba layers are told of: the GPT stopped at
+    the first log-prob pass (fused RoPE: "expected 3D tensor"). Whether the hybrid, which has
+    no rotary positions, would stop or compute those rows wrongly was not run; neither is a
+    recipe."""
+    micro_batch = int(option(train_rl_args, "--micro-batch-size") or 1)
+    if micro_batch > 1 and "--rl-use-sequence-packing" not in train_rl_args:
+        raise SystemExit(
+            f"launch.py: --micro-batch-size {micro_batch} without --rl-use-sequence-packing "
+            "gives every forward one sequence's packing parameters for several rows (megatron's "
+            "get_logprobs and train_rl.py's forward_step describe one row of the batch's "
+            "length): run with MICRO_BATCH=1, or pack (PACK=1) with PACK_LENGTH equal to "
+            "the rollout limit"
+        )
+
+
 def option(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
@@ -274,6 +297,7 @@ def main(argv: list[str]) -> None:
     pinned = pin.check(tree)  # 1
     refuse_drafting_past_the_rotary_table(train_rl_args)
     refuse_packing_that_truncates(train_rl_args)
+    refuse_unpacked_micro_batches(train_rl_args)
     sys.path.insert(0, tree)  # 2
     from megatron.rl.agent import registry
 

@@ -18,8 +18,8 @@
 # k=2, see docs/benchmarks.md), SEED (1), OUT; MODEL (gpt, the 12-layer GPT of the earlier
 # sessions, or hybrid, the Nemotron-3-shaped model of model_args), MTP_LAYERS (2), PACK (0; 1:
 # arms pack their sequences into rows of PACK_LENGTH tokens, 2048), MICRO_BATCH (1: the arms'
-# log-prob passes and update take one trajectory a forward; megatron takes more unpacked, which
-# no session has run yet).
+# log-prob passes and update take one row a forward; more needs PACK=1, since unpacked megatron
+# describes one row to every forward, and launch.py refuses it).
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"

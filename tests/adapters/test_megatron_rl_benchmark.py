@@ -236,6 +236,19 @@ def test_the_launcher_refuses_packing_rows_longer_than_a_rollout_before_train_rl
         launch.refuse_packing_that_truncates(fine)
 
 
+def test_the_launcher_refuses_several_rows_a_forward_without_packing_before_train_rl_runs():
+    import launch
+
+    with pytest.raises(SystemExit, match=r"run with MICRO_BATCH=1, or pack \(PACK=1\)"):
+        launch.refuse_unpacked_micro_batches(["--micro-batch-size", "8", "--seq-length", "128"])
+    for fine in (
+        ["--micro-batch-size", "1"],
+        [],
+        ["--micro-batch-size", "8", "--rl-use-sequence-packing", "--seq-length", "128"],
+    ):
+        launch.refuse_unpacked_micro_batches(fine)
+
+
 def test_the_launcher_ends_the_process_with_code_1_when_train_rl_raises(capsys):
     import launch
 
