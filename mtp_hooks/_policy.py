@@ -19,7 +19,6 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import _options, _phase_catalogue
-from ._contributed_options import left_out
 from ._errors import PolicyError, about
 from ._policy_entry import (
     VALUES,
@@ -31,6 +30,7 @@ from ._policy_entry import (
     listed,
     plus_options,
     table_keys,
+    unknown_key_hint,
     unknown_option_hint,
 )
 from ._policy_errors import Errors, did_you_mean
@@ -81,7 +81,7 @@ def _table_value(
     keys = table_keys()
     unknown = sorted(str(k) for k in set(raw) - set(keys))
     if unknown:
-        names = ", ".join(f"{k!r}{left_out(k) or did_you_mean(k, keys)}" for k in unknown)
+        names = ", ".join(f"{k!r}{unknown_key_hint(k)}" for k in unknown)
         takes = listed([repr(k) for k in keys])
         raise PolicyError(
             option=unknown[0],

@@ -86,3 +86,9 @@ def unknown_option_hint(option: str) -> str:
     kept_out = _contributed_options.left_out(option.partition(":")[0])
     spelled = [f"+{s}" for o in _options.options() for s in o.spellings]
     return kept_out or did_you_mean(f"+{option}", spelled)
+
+
+def unknown_key_hint(key: str) -> str:
+    """Why the table key ``key`` is unknown where an installed distribution's option of that
+    name is kept out, else a did-you-mean."""
+    return _contributed_options.left_out(key) or did_you_mean(key, table_keys())
