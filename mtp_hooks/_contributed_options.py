@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.metadata
 import inspect
 from collections.abc import Iterable
+from dataclasses import dataclass
 from types import ModuleType
 
 import pluggy
@@ -53,6 +54,47 @@ def load(built_in: tuple[Option, ...]) -> tuple[Option, ...]:
         _check_hooks(option, [*built_in, *contributed], ep)
         contributed.append(option)
     return tuple(contributed)
+
+
+@dataclass(frozen=True, slots=True)
+class OptionInfo:
+    """What ``mtp-hooks options`` reports for one policy option.
+
+    Attributes:
+        name: The option's name.
+        written: How a policy string writes it (``"+objective:kl"``, ...; ``"run:WEIGHT"`` for
+            the loss weight, which is part of the value).
+        keys: The TOML table keys it reads.
+        hook: The plugin hook whose answers set it where the config does not, or ``None``.
+        distribution: The distribution that contributes it, ``None`` for mtp-hooks' own.
+        version: That distribution's version, ``None`` for mtp-hooks' own.
+    """
+
+    name: str
+    written: tuple[str, ...]
+    keys: tuple[str, ...]
+    hook: str | None
+    distribution: str | None = None
+    version: str | None = None
+
+
+def describe(options: Iterable[Option], built_in: Iterable[Option]) -> list[OptionInfo]:
+    """Each of ``options`` as ``mtp-hooks options`` reports it, in the parser's order; the
+    distribution of each that is not in ``built_in``."""
+    own = {option.name for option in built_in}
+    origins = {}
+    for ep in importlib.metadata.entry_points(group=GROUP):
+        dist = getattr(ep, "dist", None)
+        if dist is not None:
+            origins[ep.name] = (dist.metadata["Name"], dist.version)
+    infos = []
+    for option in options:
+        written = tuple(f"+{spelling}" for spelling in option.spellings) or ("run:WEIGHT",)
+        dist, version = (None, None) if option.name in own else origins.get(option.name, ("?", "?"))
+        infos.append(
+            OptionInfo(option.name, written, tuple(option.keys), option.hook, dist, version)
+        )
+    return infos
 
 
 def left_out(name: str) -> str:

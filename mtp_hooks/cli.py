@@ -1,4 +1,5 @@
-"""The ``mtp-hooks`` command line: ``plugins``, ``explain``, ``check-config`` and ``demo``.
+"""The ``mtp-hooks`` command line: ``plugins``, ``options``, ``explain``, ``check-config`` and
+``demo``.
 
 Errors print one line, ``mtp-hooks: error: ...``, and exit with status 2.
 """
@@ -33,6 +34,21 @@ def _cmd_plugins(args: argparse.Namespace) -> int:
         dist = f"{info.distribution} {info.version}" if info.distribution else "(not installed)"
         state = "BLOCKED" if info.blocked else ", ".join(info.hooks) or "no hooks"
         print(f"{info.name:30} {dist:40} {state}")
+    return 0
+
+
+def _cmd_options(args: argparse.Namespace) -> int:
+    infos = plugins.list_options()
+    if args.json:
+        print(json.dumps([dataclasses.asdict(i) for i in infos], indent=2))
+        return 0
+    for info in infos:
+        # '+objective:ce|kl|tv': the choices of one option after its name, once
+        head, _, _ = info.written[0].partition(":")
+        choices = [spelling.partition(":")[2] for spelling in info.written]
+        written = f"{head}:{'|'.join(choices)}" if len(choices) > 1 else info.written[0]
+        source = f"{info.distribution} {info.version}" if info.distribution else "mtp-hooks"
+        print(f"{written:22} {', '.join(info.keys):34} {info.hook or '-':18} {source}")
     return 0
 
 
@@ -173,6 +189,13 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plugins", help="list registered and blocked plugins")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=_cmd_plugins)
+    p = sub.add_parser(
+        "options",
+        help="list the policy options in force: how each is written, its TOML keys, its "
+        "plugin hook, and the distribution that contributes it",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=_cmd_options)
     p = sub.add_parser(
         "explain",
         help="explain the decision for a phase (and role)",

@@ -33,7 +33,8 @@ from typing import Final
 
 import pluggy
 
-from . import _contributed_options, _runtime
+from . import _contributed_options, _options, _runtime
+from ._contributed_options import OptionInfo
 from ._option_base import NOTHING, Ask, Asked, Flag, Option, PlanPart
 from ._plugin_registry import ENV_DISABLE, ENV_DISABLE_AUTOLOAD, PluginInfo, registry
 from .hookspecs import hookimpl, hookspec
@@ -51,11 +52,13 @@ __all__ = [
     "Asked",
     "Flag",
     "Option",
+    "OptionInfo",
     "PlanPart",
     "PluginInfo",
     "get_plugin_manager",
     "hookimpl",
     "hookspec",
+    "list_options",
     "list_plugins",
     "on_reset",
     "register",
@@ -85,6 +88,21 @@ def unregister(name_or_plugin: str | object) -> None:
 def list_plugins() -> list[PluginInfo]:
     """Describe every registered or blocked plugin (what ``mtp-hooks plugins`` prints)."""
     return registry().describe()
+
+
+def list_options() -> list[OptionInfo]:
+    """Describe every policy option in force, mtp-hooks' own and those installed distributions
+    contribute, in the order the parser reads them (what ``mtp-hooks options`` prints).
+
+    Raises:
+        PluginError: A contributed option does not load or clashes with another.
+
+    Example:
+        >>> from mtp_hooks.plugins import list_options
+        >>> [(info.written, info.distribution) for info in list_options()][:2]
+        [(('run:WEIGHT',), None), (('+metrics',), None)]
+    """
+    return _contributed_options.describe(_options.options(), _options.OPTIONS)
 
 
 def get_plugin_manager() -> pluggy.PluginManager:

@@ -47,6 +47,43 @@ def test_plugins_json_lists_an_installed_plugin_with_its_distribution(plugin_dir
     assert entries["mtpx-cli"]["hooks"] == ["should_run_mtp"]
 
 
+ECHO_OPTION = """
+from mtp_hooks.plugins import Flag
+
+
+class Echo(Flag):
+    name = "echo"
+"""
+
+
+def test_options_lists_each_option_with_how_it_is_written_and_who_contributes_it(install, tmp_path):
+    install("mtpx-echo", ECHO_OPTION, "echo", version="0.2", group="mtp_hooks.options",
+            attribute="Echo")  # fmt: skip
+    env = {"PYTHONPATH": str(tmp_path), "MTP_HOOKS_DISABLE": "verl,nemo,modelopt"}
+    out = cli("options", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    listed = {entry["name"]: entry for entry in json.loads(out.stdout)}
+    assert listed["echo"] == {
+        "name": "echo",
+        "written": ["+echo"],
+        "keys": ["echo"],
+        "hook": None,
+        "distribution": "mtpx-echo",
+        "version": "0.2",
+    }
+    assert listed["objective"]["written"] == ["+objective:ce", "+objective:kl", "+objective:tv"]
+    assert (listed["detach"]["hook"], listed["detach"]["distribution"]) == (
+        "mtp_detach_heads",
+        None,
+    )
+    assert list(listed)[-1] == "echo"  # after the built-in options, as the parser reads them
+    lines = cli("options", env=env).stdout.splitlines()
+    assert any(line.startswith("+objective:ce|kl|tv") for line in lines)
+    assert lines[-1].split()[0] == "+echo" and lines[-1].endswith("mtpx-echo 0.2")
+    kept_out = cli("options", env={**env, "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD": "1"}).stdout
+    assert "+echo" not in kept_out and "+detach" in kept_out
+
+
 def test_plugins_marks_blocked_plugins(plugin_dir):
     out = cli("plugins", env={**plugin_dir, "MTP_HOOKS_DISABLE": "mtpx-cli"})
     assert out.returncode == 0 and "mtpx-cli" in out.stdout and "BLOCKED" in out.stdout
