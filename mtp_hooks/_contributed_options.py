@@ -82,11 +82,7 @@ def describe(options: Iterable[Option], built_in: Iterable[Option]) -> list[Opti
     """Each of ``options`` as ``mtp-hooks options`` reports it, in the parser's order; the
     distribution of each that is not in ``built_in``."""
     own = {option.name for option in built_in}
-    origins = {}
-    for ep in importlib.metadata.entry_points(group=GROUP):
-        dist = getattr(ep, "dist", None)
-        if dist is not None:
-            origins[ep.name] = (dist.metadata["Name"], dist.version)
+    origins = {ep.name: distribution_of(ep) for ep in importlib.metadata.entry_points(group=GROUP)}
     infos = []
     for option in options:
         written = tuple(f"+{spelling}" for spelling in option.spellings) or ("run:WEIGHT",)
@@ -115,20 +111,29 @@ def left_out(name: str) -> str:
 
 
 def hook_names(declared_in: ModuleType | type) -> list[str]:
-    """The hooks a module or class declares with :data:`mtp_hooks.plugins.hookspec`."""
+    """The hooks a module or class declares with :data:`mtp_hooks.plugins.hookspec`, in the
+    order it declares them."""
     reader = pluggy.PluginManager(hookspecs.PROJECT_NAME)
     return [
         name
-        for name in dir(declared_in)
+        for name in vars(declared_in)
         if not name.startswith("_") and reader.parse_hookspec_opts(declared_in, name) is not None
     ]
 
 
-def _origin(ep: importlib.metadata.EntryPoint) -> str:
+def distribution_of(ep: importlib.metadata.EntryPoint) -> tuple[str | None, str | None]:
+    """The name and version of the distribution an entry point comes from (``None`` each where
+    its metadata does not say)."""
     dist = getattr(ep, "dist", None)
-    name = dist.metadata["Name"] if dist is not None else "?"
-    version = dist.version if dist is not None else "?"
-    return f"policy option {ep.name!r} (entry point {ep.value!r} of distribution {name} {version})"
+    return (dist.metadata["Name"], dist.version) if dist is not None else (None, None)
+
+
+def _origin(ep: importlib.metadata.EntryPoint) -> str:
+    name, version = distribution_of(ep)
+    return (
+        f"policy option {ep.name!r} (entry point {ep.value!r} of distribution {name or '?'} "
+        f"{version or '?'})"
+    )
 
 
 def _fix(ep: importlib.metadata.EntryPoint) -> str:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import pluggy
 
 from . import _env, _options, _runtime, hookspecs
-from ._contributed_options import hook_names
+from ._contributed_options import distribution_of, hook_names
 from ._errors import PluginError, UnknownPluginError, about
 from ._plugin_checks import (
     all_cacheable,
@@ -93,9 +93,7 @@ class PluginRegistry:
         loaded: list[str] = []
         try:
             for ep in importlib.metadata.entry_points(group=hookspecs.PROJECT_NAME):
-                dist = getattr(ep, "dist", None)
-                dist_name = dist.metadata["Name"] if dist is not None else None
-                dist_version = dist.version if dist is not None else None
+                dist_name, dist_version = distribution_of(ep)
                 if self.pm.is_blocked(ep.name):
                     self._blocked_eps[ep.name] = (dist_name, dist_version)
                     continue
@@ -127,11 +125,7 @@ class PluginRegistry:
     def hook_names(self) -> list[str]:
         """Every hook mtp-hooks defines, in the order :mod:`mtp_hooks.hookspecs` declares them,
         then those the contributed policy options declare."""
-        own = [
-            name
-            for name in vars(hookspecs)
-            if self.pm.parse_hookspec_opts(hookspecs, name) is not None
-        ]
+        own = hook_names(hookspecs)
         for option in _options.options():
             if option.hookspecs is not None:
                 own += hook_names(option.hookspecs)
