@@ -33,15 +33,17 @@ GROUP = "mtp_hooks.options"
 
 def load(built_in: tuple[Option, ...]) -> tuple[Option, ...]:
     """The options the installed distributions contribute, checked against ``built_in`` and
-    each other; none where :data:`~mtp_hooks._env.ENV_DISABLE_AUTOLOAD` is on.
+    each other, less those :data:`~mtp_hooks._env.ENV_DISABLE` names.
+
+    :data:`~mtp_hooks._env.ENV_DISABLE_AUTOLOAD` does not keep them out: it keeps out plugins,
+    which vote in every job, where an option is a word that acts only in a policy that writes
+    it, and a job that registers its plugins by hand needs the options' hooks declared.
 
     Raises:
         PluginError: An entry point does not load, names no option, or its option takes a
             name, key, spelling, field or hook another option has, or asks a hook nobody
             declares; the message names the fix.
     """
-    if _env.flag(_env.ENV_DISABLE_AUTOLOAD):
-        return ()
     blocked = set(_env.blocked_names())
     found = sorted(
         (ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name not in blocked),
@@ -96,16 +98,11 @@ def describe(options: Iterable[Option], built_in: Iterable[Option]) -> list[Opti
 def left_out(name: str) -> str:
     """Where the option ``name`` is an installed distribution's that the environment keeps out,
     a message's hint saying so and how to let it in; else ``""``."""
-    autoload_off = _env.flag(_env.ENV_DISABLE_AUTOLOAD)
-    if not autoload_off and name not in _env.blocked_names():
+    if name not in _env.blocked_names():
         return ""
     for ep in importlib.metadata.entry_points(group=GROUP):
         if ep.name == name:
-            why = (
-                f"{_env.ENV_DISABLE_AUTOLOAD} is on; unset it"
-                if autoload_off
-                else f"{_env.ENV_DISABLE} names it; take it out of the list"
-            )
+            why = f"{_env.ENV_DISABLE} names it; take it out of the list"
             return f" ({_origin(ep)} is installed but not loaded: {why})"
     return ""
 
@@ -128,6 +125,21 @@ def distribution_of(ep: importlib.metadata.EntryPoint) -> tuple[str | None, str 
     return (dist.metadata["Name"], dist.version) if dist is not None else (None, None)
 
 
+def raised(name: str, method: str, exc: Exception) -> PluginError:
+    """The error for the contributed option ``name`` whose ``method`` raised ``exc`` (not one
+    of mtp-hooks' errors, which name their culprit already): it names the option's
+    distribution, the method and how to keep the option out."""
+    found = [ep for ep in importlib.metadata.entry_points(group=GROUP) if ep.name == name]
+    origin = _origin(found[0]) if found else f"policy option {name!r}"
+    fix = _fix(found[0]) if found else f"Fix it, or disable it with {_env.ENV_DISABLE}={name}."
+    error = PluginError(
+        plugin=name,
+        message=f"{origin}: its {method} raised {type(exc).__name__}: {exc}. {fix}",
+    )
+    error.__cause__ = exc
+    return error
+
+
 def _origin(ep: importlib.metadata.EntryPoint) -> str:
     name, version = distribution_of(ep)
     return (
@@ -137,10 +149,7 @@ def _origin(ep: importlib.metadata.EntryPoint) -> str:
 
 
 def _fix(ep: importlib.metadata.EntryPoint) -> str:
-    return (
-        f"Fix or uninstall it, or disable it with {_env.ENV_DISABLE}={ep.name} (or "
-        f"{_env.ENV_DISABLE_AUTOLOAD}=1 for every plugin and option)."
-    )
+    return f"Fix or uninstall it, or disable it with {_env.ENV_DISABLE}={ep.name}."
 
 
 def _option_of(ep: importlib.metadata.EntryPoint) -> Option:

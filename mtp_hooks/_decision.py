@@ -119,16 +119,20 @@ def _with_options(
     config names this key or a plugin implements its hook."""
     implements = ballot.implements
     given = None if entry is None else entry.options
-    options, ask = decision.options, None
-    for option in _options.options():
-        if entry is None and (option.hook is None or not implements(option.hook)):
-            continue
-        if ask is None:  # made only where an option is asked: a plugin vote decides per forward
-            ask = Ask(ballot.answers, implements, phase, role)
-        ask.asked = False
-        fields = option.decide(given, options, ask)
-        if fields is not None:
-            options = options.with_fields(fields, option.name, ask.by if ask.asked else "config")
+    options, ask, in_force = decision.options, None, _options.options()
+    try:
+        for option in in_force:
+            if entry is None and (option.hook is None or not implements(option.hook)):
+                continue
+            if ask is None:  # made only where an option is asked: a plugin vote decides per call
+                ask = Ask(ballot.answers, implements, phase, role)
+            ask.asked = False
+            fields = option.decide(given, options, ask)
+            if fields is not None:
+                by = ask.by if ask.asked else "config"
+                options = options.with_fields(fields, option.name, by)
+    except Exception as exc:
+        _options.reraise(option, "decide", exc)
     if options is decision.options:
         return decision
     return replace(decision, options=options)

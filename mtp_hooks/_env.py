@@ -1,6 +1,6 @@
 """The environment switches of mtp-hooks: how an on/off switch reads (``1``, ``true``, ``yes``
-or ``on``), and the two that keep installed distributions' code out (read by the plugin
-registry and by the loading of contributed policy options alike)."""
+or ``on``), and the two that keep installed distributions' code out: autoload keeps every
+plugin out, a name keeps that plugin or contributed policy option out."""
 
 from __future__ import annotations
 
@@ -9,7 +9,10 @@ import os
 _ON = frozenset({"1", "true", "yes", "on"})
 
 ENV_DISABLE_AUTOLOAD = "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD"
-"""On: no entry point is loaded, of either group (``mtp_hooks`` plugins, ``mtp_hooks.options``)."""
+"""On: no plugin is loaded from the ``mtp_hooks`` entry-point group; plugins come in only by
+``mtp_hooks.register``. Contributed policy options (``mtp_hooks.options``) still load: they
+change no job until a policy writes them, and the plugins a job registers by hand may answer
+their hooks."""
 ENV_DISABLE = "MTP_HOOKS_DISABLE"
 """Comma-separated entry-point names that are not loaded (plugins and options alike)."""
 

@@ -50,6 +50,8 @@ def explain(model: Any, phase: _phases.Phase | str) -> str:
         )
         if decision.run:
             registry = _registry()
-            for option in _options.options():
-                lines += option.describe(decision.options, registry.implementers)
+            described = _options.each(
+                "describe", lambda option: option.describe(decision.options, registry.implementers)
+            )
+            lines += [line for lines_of_one in described for line in lines_of_one]
     return "\n".join(lines)

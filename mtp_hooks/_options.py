@@ -19,10 +19,10 @@ from __future__ import annotations
 import math
 import reprlib
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, NoReturn, TypeVar
 
 from . import _contributed_options, _runtime
-from ._errors import PolicyError
+from ._errors import MTPHooksError, PolicyError
 from ._option_base import (
     NOTHING,
     Ask,
@@ -50,6 +50,8 @@ __all__ = [
     "PlanPart",
     "options",
 ]
+
+T = TypeVar("T")
 
 IGNORE_INDEX = -100  # torch's cross-entropy default, and what megatron's datasets write
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1  # labels are int64: a label outside can never match
@@ -382,6 +384,32 @@ def options() -> tuple[Option, ...]:
     found: tuple[Option, ...] | None = runtime.options
     if found is None:
         found = runtime.options = OPTIONS + _contributed_options.load(OPTIONS)
+    return found
+
+
+def reraise(option: Option, method: str, exc: Exception) -> NoReturn:
+    """Raise ``exc``, which ``option``'s ``method`` raised, named for whoever must fix it.
+
+    mtp-hooks' own errors (a policy an option refuses, a plugin's answer) and the built-in
+    options' failures are raised as they are. Anything else a contributed option raises becomes
+    a :class:`~mtp_hooks.PluginError` that names the option's distribution, with ``exc`` as its
+    cause. The callers catch around their whole loop over the options, so the hot path pays
+    no handler per option.
+    """
+    if isinstance(exc, MTPHooksError) or any(option is own for own in OPTIONS):
+        raise exc
+    raise _contributed_options.raised(option.name, method, exc)
+
+
+def each(method: str, call: Callable[[Option], T]) -> list[T]:
+    """``call(option)`` for every option in force, in order, where ``call`` calls the option's
+    ``method``; what an option raises is named as :func:`reraise` names it."""
+    found, in_force = [], options()
+    try:
+        for option in in_force:
+            found.append(call(option))
+    except Exception as exc:
+        reraise(option, method, exc)
     return found
 
 

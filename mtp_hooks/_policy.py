@@ -69,8 +69,12 @@ def _checked_value(raw: object, source: str, key: str) -> PolicyEntry:
     else:
         raise PolicyError(f"{where} has value {raw!r}; allowed values are {allowed_values()}")
     fields: dict[str, Any] = {}
-    for option in _options.options():  # in order: an option may read those before it
-        fields.update(option.parse(table, where, value, fields))
+    in_force = _options.options()  # loaded before the loop, so that a loading error is its own
+    try:
+        for option in in_force:  # in order: an option may read those before it
+            fields.update(option.parse(table, where, value, fields))
+    except Exception as exc:
+        _options.reraise(option, "parse", exc)
     return PolicyEntry(value, source, _options.entry_options(fields))
 
 

@@ -43,13 +43,13 @@ def spell(entry: PolicyEntry) -> str:
     (``detach = false``, the model's own setting; ``ignore_index``; ``plugin_masks = false``;
     ``temperature``) have no compact spelling and are left out.
     """
-    return entry.value + "".join(option.spell(entry.options) for option in _options.options())
+    return entry.value + "".join(_options.each("spell", lambda option: option.spell(entry.options)))
 
 
 def note(entry: PolicyEntry) -> str:
     """What ``check-config`` adds after :func:`spell` for the choices that have no compact
     spelling (``" (detach = false: the model's own)"``)."""
-    return "".join(option.note(entry.options) for option in _options.options())
+    return "".join(_options.each("note", lambda option: option.note(entry.options)))
 
 
 def listed(names: list[str]) -> str:

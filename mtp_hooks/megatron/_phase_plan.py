@@ -63,10 +63,11 @@ class PhasePlan:
         if not self.run:
             return []
         implements = registry().implements
+        each = _options.each("asked", lambda option: option.asked(self.options, implements))
         return [
             asked.says
-            for option in _options.options()
-            for asked in option.asked(self.options, implements)
+            for of_one in each
+            for asked in of_one
             if asked.needs_a_run or not needing_a_run
         ]
 
@@ -181,16 +182,20 @@ def _made(phase: Any, version: int, counters: list[int], decision: Any) -> Phase
     asking: list[_options.Option] = []
     plain = options is _options.plain()  # most plans: only an option that plans at its plain
     # values is asked (a plugin asked at every forward makes a plan at every forward)
-    for option in _options.options():
-        if plain and not option.plans_when_plain:
-            continue
-        part = option.plan(options, implements)
-        if part is NOTHING:
-            continue
-        changes.update(part.changes)
-        into_layers = into_layers or part.into_layers
-        if part.extension:
-            asking.append(option)
+    in_force = _options.options()
+    try:
+        for option in in_force:
+            if plain and not option.plans_when_plain:
+                continue
+            part = option.plan(options, implements)
+            if part is NOTHING:
+                continue
+            changes.update(part.changes)
+            into_layers = into_layers or part.into_layers
+            if part.extension:
+                asking.append(option)
+    except Exception as exc:
+        _options.reraise(option, "plan", exc)
     # a plan per forward where a plugin is asked at every forward: the plain plan asks nothing
     extensions = kinds(asking) if asking else ()
     return PhasePlan(

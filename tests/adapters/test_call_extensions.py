@@ -264,3 +264,28 @@ def test_a_call_begins_the_kinds_that_prepare_it_before_those_that_read_it():
         "Recorder",
         "Objectives",
     ]
+
+
+def test_a_contributed_option_whose_plan_raises_is_named_and_leaves_the_model_as_it_was(
+    install, build, batch
+):
+    failing = COUNTER + "\n\ndef plan(self, options, implements):\n    return 1 / 0\n\n"
+    install(
+        "mtpx-count",
+        failing + "Count.plan = plan\n",
+        "count",
+        group=mtp_hooks.plugins.OPTIONS_GROUP,
+        attribute="Count",
+    )
+    model = build(0)
+    mtp_hooks.configure("train=run+count")
+    handle = mtp_hooks.attach(model)
+    model.train()
+    before = {name: value for name, value in vars(model).items() if not name.startswith("_")}
+    with pytest.raises(mtp_hooks.PluginError) as named:
+        model(*batch.args(), labels=batch.labels)
+    assert "distribution mtpx-count 1.0" in str(named.value)
+    assert "its plan raised ZeroDivisionError" in str(named.value)
+    after = {name: value for name, value in vars(model).items() if not name.startswith("_")}
+    assert after == before and model.mtp_process is True
+    handle.remove()

@@ -80,7 +80,9 @@ def test_options_lists_each_option_with_how_it_is_written_and_who_contributes_it
     lines = cli("options", env=env).stdout.splitlines()
     assert any(line.startswith("+objective:ce|kl|tv") for line in lines)
     assert lines[-1].split()[0] == "+echo" and lines[-1].endswith("mtpx-echo 0.2")
-    kept_out = cli("options", env={**env, "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD": "1"}).stdout
+    autoload_off = cli("options", env={**env, "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD": "1"}).stdout
+    assert "+echo" in autoload_off  # the switch keeps plugins out, not the policy's words
+    kept_out = cli("options", env={**env, "MTP_HOOKS_DISABLE": "echo"}).stdout
     assert "+echo" not in kept_out and "+detach" in kept_out
 
 

@@ -85,26 +85,13 @@ def test_without_the_distribution_the_hook_is_unknown_and_the_word_is_refused(in
         _policy.parse_policy("train=run+echo")
 
 
-@pytest.mark.parametrize(
-    ("variable", "value", "fix"),
-    [
-        (
-            "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD",
-            "1",
-            "MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD is on; unset",
-        ),
-        ("MTP_HOOKS_DISABLE", "echo", "MTP_HOOKS_DISABLE names it; take it out"),
-    ],
-)
-def test_an_option_the_environment_keeps_out_is_not_loaded_and_its_word_says_why(
-    install, monkeypatch, variable, value, fix
-):
+def test_an_option_the_environment_names_is_not_loaded_and_its_word_says_why(install, monkeypatch):
     install_echo(install)
-    monkeypatch.setenv(variable, value)
+    monkeypatch.setenv("MTP_HOOKS_DISABLE", "echo")
     assert "echo" not in _policy_entry.table_keys()
     kept_out = (
         "policy option 'echo' (entry point 'mtpx_echo:Echo' of distribution mtpx-echo 1.0) "
-        f"is installed but not loaded: {fix}"
+        "is installed but not loaded: MTP_HOOKS_DISABLE names it; take it out"
     )
     with pytest.raises(mtp_hooks.PolicyError) as written:
         _policy.parse_policy("train=run+echo")
@@ -112,6 +99,83 @@ def test_an_option_the_environment_keeps_out_is_not_loaded_and_its_word_says_why
     with pytest.raises(mtp_hooks.PolicyError) as tabled:
         _policy.parse_policy({"train": {"mtp": "run", "echo": True}})
     assert kept_out in str(tabled.value)
+
+
+def test_with_autoload_off_options_load_and_plugins_registered_by_hand_answer_their_hooks(
+    install, monkeypatch
+):
+    install_echo(install)
+    install("mtpx-voter", "def mtp_echo(model, phase):\n    return False\n", "voter")
+    monkeypatch.setenv("MTP_HOOKS_DISABLE_PLUGIN_AUTOLOAD", "1")
+
+    class Echoes:
+        @mtp_hooks.plugins.hookimpl
+        def mtp_echo(self, model, phase):
+            return phase == "train"
+
+    mtp_hooks.plugins.register(Echoes(), name="echoes")  # the job's own plugin, by hand
+    assert "voter" not in {info.name for info in mtp_hooks.plugins.list_plugins()}
+    decision = mtp_hooks.decide(None, "train")
+    assert (decision.options.echo, decision.options.by("echo")) == (True, "echoes")
+    (entry,) = _policy.parse_policy("eval=run+echo").values()
+    assert entry.options.echo is True
+
+
+# a contributed option whose own code fails, in each of the methods the core calls
+BUGGY = (
+    ECHO
+    + """
+def fail(*args):
+    raise ZeroDivisionError("the option's bug")
+
+Echo.METHOD = fail
+"""
+)
+
+
+@pytest.mark.parametrize(
+    ("method", "use"),
+    [
+        ("parse", lambda: _policy.parse_policy("train=run+echo")),
+        ("decide", lambda: mtp_hooks.decide(None, "train")),
+        (
+            "spell",
+            lambda: [_policy_entry.spell(e) for e in _policy.parse_policy("train=run").values()],
+        ),
+        ("describe", lambda: mtp_hooks.explain(None, "train")),
+    ],
+)
+def test_what_a_contributed_option_raises_names_its_distribution(install, method, use):
+    install_echo(install, BUGGY.replace("METHOD", method))
+    if method != "parse":
+        mtp_hooks.configure("train=run+echo")
+    with pytest.raises(mtp_hooks.PluginError) as named:
+        use()
+    message = str(named.value)
+    assert "distribution mtpx-echo 1.0" in message and "MTP_HOOKS_DISABLE=echo" in message
+    assert f"its {method} raised ZeroDivisionError: the option's bug" in message
+    assert isinstance(named.value.__cause__, ZeroDivisionError)
+    assert named.value.plugin == "echo"
+
+
+def test_a_policy_error_a_contributed_option_raises_reaches_the_user_as_it_is(install):
+    refusing = (
+        ECHO
+        + """
+from mtp_hooks import PolicyError
+
+def parse(self, table, where, value, parsed):
+    if table.get("echo"):
+        raise PolicyError(f"{where}: echo needs a quiet room", option="+echo")
+    return {"echo": None}
+
+Echo.parse = parse
+"""
+    )
+    install_echo(install, refusing)
+    with pytest.raises(mtp_hooks.PolicyError, match="echo needs a quiet room") as refused:
+        _policy.parse_policy("train=run+echo")
+    assert refused.value.option == "+echo"
 
 
 CLASHES = {
