@@ -1,8 +1,9 @@
 """What a policy option is (:class:`Option`, :class:`Flag`), and the records that carry the
 options' values and effects: :class:`Options` (an entry's, a decision's or a plan's values, read
 by field name as pytest's ``config.option`` is), :class:`PlanPart` (what an option changes in a
-phase's plan) and :class:`Asked` (what a plan asks, as refusals name it). The options
-themselves are in :mod:`mtp_hooks._options`.
+phase's plan), :class:`Asked` (what a plan asks, as refusals name it) and :class:`Layout` (how
+a model runs, where an option may be unable to follow it). The options themselves are in
+:mod:`mtp_hooks._options`.
 """
 
 from __future__ import annotations
@@ -116,6 +117,35 @@ class Asked:
 
     says: str
     needs_a_run: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How a model runs a phase's forwards, where an option may be unable to do its part
+    (:meth:`Option.refusal`). The adapters make it from the model at attach.
+
+    Attributes:
+        replayed: The phase's forwards are replayed from megatron's full-iteration CUDA graphs
+            (training and ``evaluate()``), which run no Python: no forward hook runs, so no
+            per-call extension begins, records or adds a loss. Default ``False``.
+        standalone: MTP runs on a pipeline stage of its own (``config.mtp_standalone``): that
+            stage has no output layer, and the stage that computes the losses has no MTP
+            block. Default ``False``.
+
+    Example:
+        >>> from mtp_hooks.plugins import Layout
+        >>> Layout(replayed=True).plain, Layout().plain
+        (False, True)
+    """
+
+    replayed: bool = False
+    standalone: bool = False
+
+    @property
+    def plain(self) -> bool:
+        """Whether every forward runs eagerly with MTP on the last stage: nothing keeps an
+        option from its part, so the adapters ask no option about it."""
+        return not (self.replayed or self.standalone)
 
 
 class Ask:
@@ -296,6 +326,20 @@ class Option:
     def describe(self, options: Options, implementers: Callable[[str], list[str]]) -> list[str]:
         """Its lines of ``mtp-hooks explain`` for a decision that runs MTP."""
         return []
+
+    def refusal(self, options: Options, layout: Layout) -> str | None:
+        """Why a call under ``options`` cannot have this option's part on a model that runs
+        as ``layout``, ending in the fix; ``None`` where it can (the default).
+
+        ``options`` is a policy entry's (asked when a model is attached and whenever the
+        policy changes, so that a config the model cannot follow is refused before the first
+        step) or a decision's (asked when a call's plan is made, for what plugins set). Only a
+        layout that is not :attr:`Layout.plain` is asked about. The adapters raise
+        :class:`~mtp_hooks.UnsupportedModelError` with it, after naming the phase and who
+        asked, so it reads after "but": ``"this model ..., which ... Drop '+name' there, or
+        ..."``.
+        """
+        return None
 
 
 class Flag(Option):

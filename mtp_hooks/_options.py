@@ -28,6 +28,7 @@ from ._option_base import (
     Ask,
     Asked,
     Flag,
+    Layout,
     Option,
     Options,
     PlanPart,
@@ -121,6 +122,26 @@ class Metrics(Flag):
 
     def describe(self, options: Options, implementers: Callable[[str], list[str]]) -> list[str]:
         return ["metrics: recorded (MTP loss and top-1 acceptance per depth)"] * options.metrics
+
+    def refusal(self, options: Options, layout: Layout) -> str | None:
+        if not options.metrics:
+            return None
+        if layout.replayed:
+            return (
+                "this model uses full-iteration CUDA graphs, which replay megatron's training "
+                "and evaluate() iterations without running any forward hook, and '+metrics' "
+                "records MTP figures in Python after each forward, which no replay runs. Drop "
+                "'+metrics' there, or set cuda_graph_impl to 'local', 'transformer_engine' or "
+                "'none'"
+            )
+        if layout.standalone:
+            return (
+                "this pipeline layout puts MTP on a stage of its own (config.mtp_standalone): "
+                "the MTP stage has no output layer to measure the depths with, and the stage "
+                "that computes the losses has no MTP block to hook. Drop '+metrics' there; "
+                "megatron logs the training MTP loss itself ('mtp_1 loss')"
+            )
+        return None
 
 
 class Detach(Flag):
@@ -362,6 +383,23 @@ class Objective(Option):
             f"distribution at temperature {options.temperature:g}, from "
             f"{options.by(self.name)} (megatron's cross-entropy still runs, at weight 0)"
         ]
+
+    def refusal(self, options: Options, layout: Layout) -> str | None:
+        if options.objective in (None, "ce"):  # an entry's "ce" is megatron's own loss
+            return None
+        if layout.replayed:
+            return (
+                "this model uses full-iteration CUDA graphs, whose replays run no Python, and "
+                "the objective is computed in a forward hook. Use cuda_graph_impl="
+                "'transformer_engine' or 'none', or objective 'ce'"
+            )
+        if layout.standalone:
+            return (
+                "this model computes MTP on a pipeline stage of its own, where the policy's "
+                "logits it trains toward do not exist. Put MTP on the last stage, or use "
+                "objective 'ce'"
+            )
+        return None
 
 
 OPTIONS: Final[tuple[Option, ...]] = (LossScale(), Metrics(), Detach(), Mask(), Objective())

@@ -228,11 +228,17 @@ def configured_roles() -> list[str]:
     return refresh().roles()
 
 
-def configured_with(role: str | None, option: str) -> list[str]:
-    """The phases whose policy config entry for ``role`` sets ``option`` (``metrics``,
-    ``detach``): what a model that cannot follow the option refuses at attach."""
+def configured(role: str | None) -> list[tuple[str, PolicyEntry]]:
+    """Each known phase that the policy config gives an entry for ``role``, with the entry:
+    what a model that cannot follow an entry refuses at attach."""
     entries = [(name, lookup(role, name)) for name in _phase_catalogue.known_phases()]
-    return [name for name, entry in entries if entry is not None and getattr(entry.options, option)]
+    return [(name, entry) for name, entry in entries if entry is not None]
+
+
+def configured_with(role: str | None, option: str) -> list[str]:
+    """The phases whose policy config entry for ``role`` sets the field ``option``
+    (``detach``, ``mask``)."""
+    return [name for name, entry in configured(role) if getattr(entry.options, option)]
 
 
 def polls_file() -> bool:

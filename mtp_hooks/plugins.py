@@ -13,7 +13,9 @@ nothing at the first parse or decision, after the built-in ones, and each is che
 from the others (name, table keys, spellings, fields, hooks); its :attr:`Option.hookspecs`
 join mtp-hooks' own, so plugins may implement them. What the option does at a forward call is
 its per-call extension (:attr:`Option.extension`, a kind of
-:class:`mtp_hooks.megatron.CallExtension`). docs/contributing.md walks through one.
+:class:`mtp_hooks.megatron.CallExtension`); where a model's :class:`Layout` keeps the option
+from its part, :meth:`Option.refusal` says why, and the model is refused at attach (or at the
+plan, for what plugins set). docs/contributing.md walks through one.
 
 Example:
     >>> from mtp_hooks.plugins import hookimpl, register, unregister
@@ -35,7 +37,7 @@ import pluggy
 
 from . import _contributed_options, _options, _runtime
 from ._contributed_options import OptionInfo
-from ._option_base import NOTHING, Ask, Asked, Flag, Option, PlanPart
+from ._option_base import NOTHING, Ask, Asked, Flag, Layout, Option, PlanPart
 from ._plugin_registry import ENV_DISABLE, ENV_DISABLE_AUTOLOAD, PluginInfo, registry
 from .hookspecs import hookimpl, hookspec
 
@@ -51,6 +53,7 @@ __all__ = [
     "Ask",
     "Asked",
     "Flag",
+    "Layout",
     "Option",
     "OptionInfo",
     "PlanPart",

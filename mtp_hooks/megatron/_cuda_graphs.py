@@ -144,10 +144,11 @@ def refuse_unfollowable_full_graphs() -> None:
 
 
 def check_full_iteration_policy(model: Any, role: str | None) -> None:
-    """Refuse what full-iteration replays cannot follow in training and evaluation: ``+metrics``,
-    a vote of a plugin asked at every forward, a loss weight from a plugin (a ``cacheable_vote``
-    changes only through :func:`mtp_hooks.framework.votes_changed`, which reaches
-    :func:`recapture`).
+    """Refuse what full-iteration replays cannot follow in training and evaluation: a vote of a
+    plugin asked at every forward, a loss weight from a plugin (a ``cacheable_vote`` changes
+    only through :func:`mtp_hooks.framework.votes_changed`, which reaches :func:`recapture`).
+    What an option cannot do in a replay its own :meth:`~mtp_hooks.plugins.Option.refusal`
+    says (:func:`._refusals.check_layout`).
 
     Raises:
         UnsupportedModelError: Names the phase, what cannot be followed and the fix.
@@ -167,10 +168,7 @@ def check_full_iteration_policy(model: Any, role: str | None) -> None:
         decision = _decision.decide_normalized(model, phase, role)[0]
         voters = [name for name, vote in decision.votes.items() if vote is not None]
         weight_by = decision.options.by("loss_scale")
-        if decision.options.metrics:
-            what, fix = f"{phase}=...+metrics", f"drop '+metrics' from {phase}"
-            why = "records MTP figures in Python after each forward, which no replay runs"
-        elif voters and not cached_votes:
+        if voters and not cached_votes:
             what = f"plugin(s) {', '.join(voters)} voting in {phase}"
             why = "asks its plugins at every forward, and replays ask no one"
             fix = f"set {phase} in the policy config, or declare the votes cacheable_vote"

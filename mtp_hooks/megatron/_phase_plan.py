@@ -157,8 +157,8 @@ def plan(
         _rank_agreement.verify(decision, phase)  # host syncs: never inside a capture
     if gate.local_graphs and decision.run:
         _cuda_graphs.check_replayable(module)
-    if decision.run and decision.options.objective is not None:
-        _refusals.check_objective(gate, str(phase))
+    if decision.run:
+        _refusals.check_layout(gate, str(phase), decision.options)
     if decision.run and decision.options.detach:
         refusal = gate.detach_refusal or _refusals.clipping_refusal(module)
         if refusal is not None:

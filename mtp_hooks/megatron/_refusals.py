@@ -7,9 +7,10 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from .. import _roles, _sources
+from .. import _options, _roles, _sources
 from .._errors import PolicyConflictError, UnsupportedModelError
-from . import _capabilities, _cuda_graphs, _standalone
+from .._option_base import Layout
+from . import _capabilities, _cuda_graphs
 
 UNGUARDED = (
     "mtp_hooks: this megatron-core divides each MTP depth's loss by its number of masked-in "
@@ -50,8 +51,7 @@ def check_policy(gate: ExecutionMode, model: Any, role: str | None) -> None:
         check_detach_policy(role, gate.detach_refusal)
     else:
         check_detach_clipping(model, role)
-    if gate.standalone:
-        _standalone.check_policy(role)
+    check_layout_policy(gate, role)
     if not _capabilities.guards_empty_mtp_masks():
         check_mask_policy(role)
 
@@ -194,26 +194,35 @@ def check_mask_policy(role: str | None) -> None:
         )
 
 
-def check_objective(gate: ExecutionMode, phase: str) -> None:
-    """Refuse ``+objective:kl``/``tv`` where its hook cannot run or its target does not exist:
-    full-iteration CUDA graphs (replays run no Python) and standalone MTP layouts (the policy's
-    logits are made on another stage)."""
-    if gate.full_graphs:
-        why = (
-            "this model uses full-iteration CUDA graphs, whose replays run no Python, and the "
-            "objective is computed in a forward hook. Use cuda_graph_impl='transformer_engine' "
-            "or 'none', or objective 'ce'"
-        )
-    elif gate.standalone:
-        why = (
-            "this model computes MTP on a pipeline stage of its own, where the policy's logits "
-            "it trains toward do not exist. Put MTP on the last stage, or use objective 'ce'"
-        )
-    else:
+def layout(gate: ExecutionMode, phase: str) -> Layout:
+    """How ``gate``'s model runs the forwards of ``phase``, as the options read it."""
+    replayed = gate.full_graphs and phase in _cuda_graphs.GRAPHED_PHASES
+    return Layout(replayed=replayed, standalone=gate.standalone)
+
+
+def check_layout_policy(gate: ExecutionMode, role: str | None) -> None:
+    """Refuse now a policy config entry that asks an option for what the model's layout keeps
+    it from (:meth:`mtp_hooks.plugins.Option.refusal`), before the first step."""
+    for phase, entry in _sources.configured(role):
+        check_layout(gate, phase, entry.options, "the policy config")
+
+
+def check_layout(gate: ExecutionMode, phase: str, options: Any, by: str | None = None) -> None:
+    """Refuse a call of ``phase`` under ``options`` (a config entry's, or a decision's) that
+    asks an option for what the model's layout keeps it from; ``by``: who asked, where the
+    options do not say (a config entry's)."""
+    where = layout(gate, phase)
+    if where.plain:
         return
-    raise UnsupportedModelError(
-        f"mtp_hooks: the policy trains MTP toward the policy's own distribution in {phase}, but "
-        f"{why}.",
-        phase=phase,
-        option="+objective",
-    )
+    refusals = _options.each("refusal", lambda option: option.refusal(options, where))
+    for option, why in zip(_options.options(), refusals, strict=True):
+        if why is None:
+            continue
+        asker = by or options.by(option.name)
+        if by is None:
+            asker = "the policy config" if asker == "config" else f"plugin(s) {asker}"
+        raise UnsupportedModelError(
+            f"mtp_hooks: {asker} asks '+{option.name}' in {phase}, but {why}.",
+            phase=phase,
+            option=f"+{option.name}",
+        )

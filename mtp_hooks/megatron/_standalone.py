@@ -21,7 +21,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import _sources
 from .._errors import UnsupportedModelError
 
 
@@ -41,19 +40,6 @@ def loss_stage(model: Any) -> bool:
         and bool(getattr(model, "post_process", False))
         and not getattr(model, "mtp_process", False)
     )
-
-
-def check_policy(role: str | None) -> None:
-    """Refuse ``+metrics`` in such a layout: the MTP stage has no output layer to measure
-    with, and the loss stage no MTP block to hook."""
-    for name in _sources.configured_with(role, "metrics"):
-        raise UnsupportedModelError(
-            f"mtp_hooks: the policy config records MTP metrics in {name} (+metrics), but "
-            "this pipeline layout puts MTP on a stage of its own (config.mtp_standalone): "
-            "the MTP stage has no output layer to measure the depths with, and the stage "
-            "that computes the losses has no MTP block to hook. Drop '+metrics' there; "
-            "megatron logs the training MTP loss itself ('mtp_1 loss')."
-        )
 
 
 def mtp_ran(

@@ -132,8 +132,8 @@ def test_a_change_while_megatron_captures_is_refused(build, captured, monkeypatc
 @pytest.mark.parametrize(
     ("policy", "message"),
     [
-        ("train=run,eval=run+metrics", "eval=...+metrics"),
-        ("train=run+metrics", "train=...+metrics"),
+        ("train=run,eval=run+metrics", "the policy config asks '+metrics' in eval"),
+        ("train=run+metrics", "the policy config asks '+metrics' in train"),
     ],
 )
 def test_metrics_under_full_iteration_graphs_are_refused_at_attach(build, policy, message):
@@ -227,3 +227,32 @@ def test_a_policy_file_read_only_by_reload_is_followed_through_reload(
     mtp_hooks.reload()
     assert not mtp_hooks.decide(model, "train").run
     assert Wrapper.cuda_graph == {"training": None, "validation": None}
+
+
+RECORDER = """
+from mtp_hooks.plugins import Flag
+
+
+class Record(Flag):
+    name = "record"
+
+    def refusal(self, options, layout):
+        if options.record and layout.replayed:
+            return "replays run no Python, and +record records in Python. Drop it there"
+        return None
+"""
+
+
+def test_a_contributed_option_refuses_a_replayed_phase_at_attach_and_not_the_others(build, install):
+    install("mtpx-record", RECORDER, "record", group=mtp_hooks.plugins.OPTIONS_GROUP,
+            attribute="Record")  # fmt: skip
+    model = full_graphs(build())
+    mtp_hooks.configure("train=run+record")
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as refused:
+        mtp_hooks.attach(model)
+    assert str(refused.value) == (
+        "mtp_hooks: the policy config asks '+record' in train, but replays run no Python, "
+        "and +record records in Python. Drop it there."
+    )
+    mtp_hooks.configure("train=run,rollout=run+record")  # rollouts are never replayed
+    mtp_hooks.attach(model).remove()

@@ -19,6 +19,7 @@ import mtp_hooks  # noqa: E402
 from mtp_hooks.demo import tiny_models  # noqa: E402
 
 from model_fixtures import SEQ, VOCAB  # noqa: E402
+from plugin_answers import answers  # noqa: E402
 
 
 @pytest.fixture(params=[False, True], ids=["untied", "tied"])
@@ -80,3 +81,38 @@ def test_a_loss_stage_called_without_the_previous_stages_output_is_refused(stage
 def test_a_stage_without_mtp_in_an_ordinary_layout_is_not_gated(stage):
     stage.config.mtp_standalone = False
     assert mtp_hooks.attach(stage).gates == []
+
+
+def test_metrics_and_a_self_distilling_objective_are_refused_at_attach_naming_the_phase(stage):
+    config = stage.config
+    mtp_hooks.configure("train=run,eval=run+metrics")
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as metrics:
+        mtp_hooks.attach(stage)
+    assert "the policy config asks '+metrics' in eval" in str(metrics.value)
+    assert "mtp_standalone" in str(metrics.value) and metrics.value.option == "+metrics"
+    if "mtp_detach_heads" not in type(stage.config).__dataclass_fields__:
+        pytest.skip("+detach, which +objective:kl needs, needs megatron-core 0.19")
+    mtp_hooks.configure("train=run+detach+objective:kl")
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as objective:
+        mtp_hooks.attach(stage)
+    assert "the policy config asks '+objective' in train" in str(objective.value)
+    assert "Put MTP on the last stage, or use objective 'ce'" in str(objective.value)
+    assert stage.config is config and not stage._forward_pre_hooks
+    mtp_hooks.configure("train=run+detach+objective:ce")  # megatron's own loss: no target
+    mtp_hooks.attach(stage).remove()
+
+
+def test_a_self_distilling_objective_from_plugins_is_refused_at_the_forward_naming_them(
+    stage, batch
+):
+    if "mtp_detach_heads" not in type(stage.config).__dataclass_fields__:
+        pytest.skip("+detach, which +objective:kl needs, needs megatron-core 0.19")
+    answers("mtp_detach_heads", True, name="detacher")
+    answers("mtp_objective", "kl", name="distiller")
+    handle = mtp_hooks.attach(stage)  # nothing configured: the plugins answer at the forward
+    config = stage.config
+    received(stage, 2 * SEQ)
+    with pytest.raises(mtp_hooks.UnsupportedModelError) as refused:
+        stage(*batch.args(), labels=batch.labels)
+    assert "plugin(s) distiller asks '+objective' in train" in str(refused.value)
+    assert stage.config is config and handle.gates[0].records == []
