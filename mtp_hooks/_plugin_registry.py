@@ -233,6 +233,22 @@ class PluginRegistry:
         the option checks its answers (:meth:`mtp_hooks._options.Option.answer`)."""
         return self._answers(hook, model=model, phase=phase)
 
+    def answers_of(self, hook: str, **arguments: Any) -> list[tuple[str, Any]]:
+        """Each plugin's answer to ``hook`` called with ``arguments``, by name, ``None`` for
+        an abstention (:func:`mtp_hooks.plugins.answers`)."""
+        return self._answers(hook, **arguments)
+
+    def declared(self, hook: str) -> None:
+        """Refuse a ``hook`` that no hookspec declares, naming the known ones."""
+        caller = getattr(self.pm.hook, hook, None)
+        if caller is None or caller.spec is None:
+            raise PluginError(
+                f"mtp_hooks: no hookspec declares the hook {hook!r}, so no plugin can answer "
+                f"it; the hooks are {', '.join(self.hook_names())} (a policy option declares "
+                "its own through Option.hookspecs)",
+                hook=hook,
+            )
+
     def loss_masks(self, model: Any, phase: Any, **tensors: Any) -> list[tuple[str, Any]]:
         """Call ``mtp_loss_mask`` on every plugin with ``tensors`` (``loss_mask``, ``labels``,
         ``input_ids``); return ``(plugin name, mask)`` for each plugin that gave one."""
@@ -277,10 +293,6 @@ class PluginRegistry:
     def implementers(self, hook: str) -> list[str]:
         """The names of the registered plugins that implement ``hook``, sorted."""
         return sorted(i.plugin_name for i in getattr(self.pm.hook, hook).get_hookimpls())
-
-    def report_metrics(self, model: Any, phase: Any, metrics: Any) -> None:
-        """Call ``mtp_metrics`` on every plugin that implements it."""
-        self._answers("mtp_metrics", model=model, phase=phase, metrics=metrics)
 
     def plugin_phases(self) -> frozenset[str]:
         """Custom phase names declared by plugins through ``declare_phases`` (cached)."""

@@ -31,14 +31,16 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Final
+from typing import Any, Final
 
 import pluggy
 
 from . import _contributed_options, _options, _runtime
 from ._contributed_options import OptionInfo
+from ._errors import about
 from ._option_base import NOTHING, Ask, Asked, Flag, Layout, Option, PlanPart
 from ._plugin_registry import ENV_DISABLE, ENV_DISABLE_AUTOLOAD, PluginInfo, registry
+from ._roles import role_of
 from .hookspecs import hookimpl, hookspec
 
 OPTIONS_GROUP: Final = _contributed_options.GROUP
@@ -59,8 +61,10 @@ __all__ = [
     "PlanPart",
     "PluginInfo",
     "get_plugin_manager",
+    "answers",
     "hookimpl",
     "hookspec",
+    "implements",
     "list_options",
     "list_plugins",
     "on_reset",
@@ -86,6 +90,54 @@ def unregister(name_or_plugin: str | object) -> None:
         UnknownPluginError: No such plugin is registered.
     """
     registry().unregister(name_or_plugin)
+
+
+def answers(hook: str, **arguments: Any) -> dict[str, Any]:
+    """Call ``hook`` on each registered plugin that implements it, one plugin at a time, and
+    return their answers by plugin name, abstentions (``None``) left out.
+
+    What a contributed option's per-call extension uses to call a hook its option declares
+    (:attr:`Option.hookspecs`) at a forward, as ``+metrics`` hands its figures to
+    ``mtp_metrics``. Where ``arguments`` hold ``model`` and ``phase``, an mtp-hooks error a
+    plugin raises names that phase and the model's role.
+
+    Raises:
+        PluginError: A plugin raised (the message names it and how to disable it, and the
+            plugins after it are not called), or no hookspec declares ``hook``.
+
+    Example:
+        >>> from mtp_hooks.plugins import answers, hookimpl, register, unregister
+        >>> class Phases:
+        ...     @hookimpl
+        ...     def declare_phases(self):
+        ...         return ["rollout_eval"]
+        >>> register(Phases(), name="phases")
+        'phases'
+        >>> answers("declare_phases")
+        {'phases': ['rollout_eval']}
+        >>> unregister("phases")
+    """
+    found = registry()
+    found.declared(hook)
+    if "model" in arguments and "phase" in arguments:
+        role = role_of(arguments["model"])
+        with about(phase=str(arguments["phase"]), role=role):
+            called = found.answers_of(hook, **arguments)
+    else:
+        called = found.answers_of(hook, **arguments)
+    return {name: answer for name, answer in called if answer is not None}
+
+
+def implements(hook: str) -> bool:
+    """Whether any registered plugin implements ``hook``: an extension asks before it makes
+    what only a plugin would read.
+
+    Example:
+        >>> from mtp_hooks.plugins import implements
+        >>> implements("mtp_loss_mask")
+        False
+    """
+    return registry().implements(hook)
 
 
 def list_plugins() -> list[PluginInfo]:

@@ -221,3 +221,52 @@ def test_errors_print_under_the_name_they_are_imported_by():
 def test_the_package_has_a_version_and_lists_it():
     assert mtp_hooks.__version__ == importlib.metadata.version("mtp-hooks")
     assert {"attach", "AttachHandle", "remove", "__version__", "decide"} <= set(dir(mtp_hooks))
+
+
+def test_answers_calls_each_plugin_with_the_arguments_and_leaves_abstentions_out():
+    class Echo:
+        def __init__(self, answer):
+            self.answer, self.calls = answer, []
+
+        @mtp_hooks.plugins.hookimpl
+        def mtp_loss_scale(self, model, phase):
+            self.calls.append((model, phase))
+            return self.answer
+
+    model = Model()
+    loud, quiet = Echo(0.5), Echo(None)
+    mtp_hooks.plugins.register(loud, name="loud")
+    mtp_hooks.plugins.register(quiet, name="quiet")
+    assert mtp_hooks.plugins.implements("mtp_loss_scale")
+    assert not mtp_hooks.plugins.implements("mtp_loss_mask")
+    found = mtp_hooks.plugins.answers("mtp_loss_scale", model=model, phase="eval")
+    assert found == {"loud": 0.5}
+    assert loud.calls == quiet.calls == [(model, "eval")]
+
+
+def test_answers_names_the_plugin_phase_and_role_of_what_a_plugin_raised():
+    class Failing:
+        @mtp_hooks.plugins.hookimpl
+        def mtp_loss_scale(self, model, phase):
+            raise RuntimeError("no schedule")
+
+    model = Model()
+    mtp_hooks.set_role(model, "teacher")
+    mtp_hooks.plugins.register(Failing(), name="failing")
+    with pytest.raises(mtp_hooks.PluginError, match="'failing'.*no schedule") as raised:
+        mtp_hooks.plugins.answers("mtp_loss_scale", model=model, phase="eval")
+    error = raised.value
+    assert (error.plugin, error.hook, error.phase, error.role) == (
+        "failing",
+        "mtp_loss_scale",
+        "eval",
+        "teacher",
+    )
+
+
+def test_answers_refuses_a_hook_no_hookspec_declares_naming_the_hooks():
+    with pytest.raises(
+        mtp_hooks.PluginError, match="no hookspec declares the hook 'mtp_echo'"
+    ) as e:
+        mtp_hooks.plugins.answers("mtp_echo", model=None, phase="train")
+    assert "should_run_mtp" in str(e.value) and e.value.hook == "mtp_echo"

@@ -20,10 +20,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ... import _roles
-from ..._errors import about
+from ... import plugins
 from ..._metrics import MTPMetrics
-from ..._plugin_registry import registry as _registry
 from ._depth_figures import (
     Drafts,
     add_by_depth,
@@ -135,10 +133,8 @@ class Recorder:
         with self.lock:
             sums, forwards = self.totals.get(phase, (None, 0))
             self.totals[phase] = (exact if sums is None else sums + exact, forwards + 1)
-        registry = _registry()
-        if registry.implements("mtp_metrics"):
-            with about(phase=str(phase), role=_roles.role_of(model)):
-                registry.report_metrics(model, phase, to_metrics(values, 1))
+        if plugins.implements("mtp_metrics"):
+            plugins.answers("mtp_metrics", model=model, phase=phase, metrics=to_metrics(values, 1))
         return None
 
     def drop_all(self) -> None:
