@@ -28,6 +28,7 @@ class Kind:
     mask: bool
     graphs: bool
     mtp_layers: int
+    packed: bool = False
 
 
 def kind(run: dict[str, Any]) -> Kind:
@@ -42,6 +43,7 @@ def kind(run: dict[str, Any]) -> Kind:
         mask=bool(run["meta"].get("mask", True)),
         graphs=option("--cuda-graph-impl", "none") == "local",
         mtp_layers=mtp_depths(argv),
+        packed="--rl-use-sequence-packing" in argv,
     )
 
 
@@ -86,8 +88,13 @@ def spread(run: dict[str, Any], *keys: str) -> str:
     return f"{min(values):.2f}-{max(values):.2f}" if values else "-"
 
 
-def goals(runs: list[dict[str, Any]], shared: frozenset[str] = frozenset()) -> list[Goal]:
-    """``(goal, met, the numbers)`` for each of the issue's goals; ``met`` None: not measured."""
+def goals(
+    runs: list[dict[str, Any]], shared: frozenset[str] = frozenset(), packed: bool = False
+) -> list[Goal]:
+    """``(goal, met, the numbers)`` for each of the issue's goals; ``met`` None: not measured.
+    Only the runs packed as ``packed`` say, so that a goal never compares a packed run's
+    timers with an unpacked one's."""
+    runs = [run for run in runs if kind(run).packed == packed]
     kinds = {run["name"]: kind(run) for run in runs}
 
     def find(alone: bool = False, **want: Any) -> list[dict[str, Any]]:

@@ -7,7 +7,9 @@ arguments; then one line a step, and the step's ``train_s`` on a line of its own
 joins them per step, writes ``DIR/summary.json``, prints a markdown table, and draws
 ``DIR/megatron_rl.png``: reward, the engine's accepted length and the step time against the
 step, one colour per run in every panel. Medians leave out step 1 (compilation and the first
-CUDA allocations).
+CUDA allocations). The goals are judged on unpacked runs (``--packed``: on packed ones), and a
+run that packs its sequences beside an unpacked run alike in all else gets a table of its
+own: each phase's median over the steps both reached, and packed over unpacked.
 """
 
 from __future__ import annotations
@@ -16,9 +18,10 @@ import argparse
 import json
 import os
 import statistics
+from dataclasses import replace
 from typing import Any
 
-from goals import goals
+from goals import goals, kind
 
 PHASES = ("rollout_s", "old_logprob_s", "ref_logprob_s", "train_s")
 
@@ -93,6 +96,46 @@ def table(summaries: dict[str, dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def packing(runs: list[dict[str, Any]]) -> str:
+    """A markdown table for each pair of runs alike but for sequence packing: each phase's
+    median over the steps from 2 on that both reached, and packed over unpacked; ``""``
+    where no pair is alike."""
+    rows = []
+    for packed in runs:
+        alike = replace(kind(packed), packed=False)
+        if not kind(packed).packed:
+            continue
+        for plain in (run for run in runs if kind(run) == alike):
+            reached = min(len(packed["steps"]), len(plain["steps"]))
+            cells = []
+            for key in (*PHASES, "step_s", "tokens_per_s"):
+                pair = [
+                    median([value for s in run["steps"][1:reached] if (value := step_value(s, key))
+                            is not None])
+                    for run in (packed, plain)
+                ]  # fmt: skip
+                shown = " / ".join("-" if v is None else f"{v:.3g}" for v in pair)
+                ratio = f" ({pair[0] / pair[1]:.2f}x)" if None not in pair and pair[1] else ""
+                cells.append(shown + ratio)
+            rows.append(
+                f"| {packed['name']} / {plain['name']} | 2-{reached} | " + " | ".join(cells) + " |"
+            )
+    if not rows:
+        return ""
+    head = (
+        "| packed / unpacked | steps | rollout s | old log-p s | ref log-p s | train s | step s "
+        "| tokens/s |\n|---|---|---|---|---|---|---|---|"
+    )
+    return head + "\n" + "\n".join(rows)
+
+
+def step_value(step: dict[str, Any], key: str) -> float | None:
+    """A step's phase timer or tokens/s, or ``step_s``: its phases' sum, where it has them all."""
+    if key != "step_s":
+        return step.get(key)
+    return sum(step[p] for p in PHASES) if all(step.get(p) is not None for p in PHASES) else None
+
+
 def plot(runs: list[dict[str, Any]], path: str) -> None:
     """Reward, accepted length and step time against the step; one colour per run throughout."""
     import matplotlib
@@ -128,6 +171,11 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     parser.add_argument("records", nargs="+")
     parser.add_argument("--out", required=True)
     parser.add_argument(
+        "--packed",
+        action="store_true",
+        help="judge the goals on the runs that pack their sequences (default: those that do not)",
+    )
+    parser.add_argument(
         "--shared",
         default="",
         help="runs (by file name, comma-separated) that shared the GPU, so their timers answer "
@@ -142,7 +190,12 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     plot(runs, os.path.join(args.out, "megatron_rl.png"))
     print(table(summaries))
     print()
-    print(goal_table(goals(runs, frozenset(filter(None, args.shared.split(","))))))
+    shared = frozenset(filter(None, args.shared.split(",")))
+    print(goal_table(goals(runs, shared, args.packed)))
+    packed = packing(runs)
+    if packed:
+        print()
+        print(packed)
     return summaries
 
 

@@ -516,6 +516,8 @@ def _run(name: str, arm: str, k: int, lengths: list[float], **meta: object) -> d
     argv = ["--num-speculative-tokens", str(k), "--mtp-num-layers", str(layers)]
     if meta.pop("graphs", False):
         argv += ["--cuda-graph-impl", "local"]
+    if meta.pop("packed", False):
+        argv += ["--rl-use-sequence-packing"]
     header = {"arm": arm, "mask": True, "megatron_lm": {"name": "t", "digest": "d"}, "argv": argv}
     steps = []
     for step, length in enumerate(lengths, 1):
@@ -534,6 +536,27 @@ def _run(name: str, arm: str, k: int, lengths: list[float], **meta: object) -> d
         )
     header.update({key: value for key, value in meta.items() if key in ("mask", "shared_gpu")})
     return {"name": name, "meta": header, "steps": steps}
+
+
+def test_a_packed_run_is_set_beside_its_unpacked_twin_and_judged_only_with_packed_runs():
+    import goals
+    import report
+
+    plain = _run("M_k2_s2", "M", 2, [1.5] * 20, logprob_s=4.0)
+    packed = _run("M_k2_s2_packed", "M", 2, [1.5] * 25, logprob_s=2.0, packed=True)
+    table = report.packing([plain, packed])
+    assert table.splitlines()[2].startswith(
+        "| M_k2_s2_packed / M_k2_s2 | 2-20 | 1 / 1 (1.00x) | 2 / 4"
+    )
+    # the step, 1 + 2 + 2 + 2 against 1 + 4 + 4 + 2
+    assert "(0.50x)" in table and "7 / 11 (0.64x)" in table
+    assert report.packing([plain]) == ""
+    h2 = _run("H_k2", "H", 2, [1.5] * 20)
+    # the packed M, though the longer run, is not M's record: its timers would read otherwise
+    assert goals.goals([h2, plain, packed]) == goals.goals([h2, plain])
+    assert all(
+        met is None for goal, met, _ in goals.goals([h2, plain], packed=True) if "step" in goal
+    )
 
 
 def test_the_goals_find_their_runs_by_what_they_are_and_judge_only_what_was_measured():

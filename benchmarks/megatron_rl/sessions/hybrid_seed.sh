@@ -4,7 +4,10 @@
 # pretrained, then the timed arms one after another, never sharing the GPU. Results go under
 # $OUT as they come, so that a caller can collect them while later runs go on.
 #   SEED=1 OUT=/tmp/res setsid bash sessions/hybrid_seed.sh
-# ARMS lists the arms as ARM:K, most needed first, so that a session cut short loses the last.
+# ARMS lists the arms as ARM:K, most needed first, so that a session cut short loses the last;
+# ARM:K:packed@M runs that arm with its sequences packed into rollout-long rows (PACK=1,
+# PACK_LENGTH=128) for M minutes, a check of what packing does to a step beside the same arm
+# unpacked on the same host (its records end in _packed).
 # Two 9-minute arms fit 30 device minutes beside staging and pretraining (1,584 s held on
 # 2026-12-07), three do not: the default is H with k=2 and k=0 (the rollout-speed goal), and a
 # seed's M with k=2 (the step and acceptance goals) runs in another session, ARMS="M:2", with
@@ -19,7 +22,8 @@
 set -uo pipefail
 RUN="$(cd "$(dirname "$0")/.." && pwd)/run.sh"
 OUT="${OUT:-/tmp/out}"; mkdir -p "$OUT"
-# PACK stays 0: packing truncated rollouts stops megatron (launch.py refuses it, and says why)
+# PACK stays 0 unless asked: packing into rows longer than the rollout limit stops megatron
+# (launch.py refuses it, and says why)
 export MODEL=hybrid PACK="${PACK:-0}" SEED="${SEED:-1}"
 STEPS="${STEPS:-40}"; MINUTES="${ARM_MINUTES:-9}"; ARMS="${ARMS:-H:2 H:0}"
 
@@ -28,12 +32,17 @@ bash "$RUN" stage || exit 1
 PRETRAIN_MINUTES="${PRETRAIN_MINUTES:-4}" bash "$RUN" pretrain "${PRETRAIN_ITERS:-300}"
 [ -d /tmp/ckpt ] || { echo ">> no checkpoint: no arm can load one" >> "$OUT/log.txt"; exit 1; }
 
-export ARM_TIMEOUT=$((MINUTES * 60 + 90)) EXTRA="--exit-duration-in-mins $MINUTES"
 for spec in $ARMS; do
-    arm="${spec%%:*}" more=()
+    minutes="$MINUTES"
+    [[ "$spec" == *@* ]] && minutes="${spec##*@}" spec="${spec%@*}"
+    IFS=: read -r arm k packed <<< "$spec"
+    more=() suffix="" pack="$PACK"
+    [ "$packed" = packed ] && suffix=_packed pack=1
     # arm A takes launch.py's --stale-steps and --step-cost from A_OPTIONS
     # shellcheck disable=SC2206
     [ "$arm" = A ] && more=(${A_OPTIONS:-})
-    bash "$RUN" arm "${arm}_k${spec##*:}_s$SEED" "$arm" "${spec##*:}" "$STEPS" "${more[@]}"
+    PACK="$pack" PACK_LENGTH="${PACK_LENGTH:-128}" ARM_TIMEOUT=$((minutes * 60 + 90)) \
+        EXTRA="--exit-duration-in-mins $minutes" \
+        bash "$RUN" arm "${arm}_k${k}_s$SEED$suffix" "$arm" "$k" "$STEPS" "${more[@]}"
 done
 echo ">> session done" >> "$OUT/log.txt"
