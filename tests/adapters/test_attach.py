@@ -139,7 +139,7 @@ def test_metrics_in_a_layout_with_a_standalone_mtp_stage_are_refused_at_attach(b
     mtp_hooks.configure("train=run,eval=run+metrics")
     with pytest.raises(mtp_hooks.UnsupportedModelError) as info:
         mtp_hooks.attach(model, role="student")
-    assert "mtp_standalone" in str(info.value) and "in eval (+metrics)" in str(info.value)
+    assert "mtp_standalone" in str(info.value) and "asks '+metrics' in eval" in str(info.value)
     assert model.config is config and mtp_hooks.role_of(model) is None
     assert not model._forward_pre_hooks
 
