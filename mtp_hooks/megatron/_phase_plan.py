@@ -157,7 +157,7 @@ def plan(
         _rank_agreement.verify(decision, phase)  # host syncs: never inside a capture
     if gate.local_graphs and decision.run:
         _cuda_graphs.check_replayable(module)
-    if decision.run:
+    if decision.run and (gate.full_graphs or gate.standalone):  # a plain layout asks nothing
         _refusals.check_layout(gate, str(phase), decision.options)
     if decision.run and decision.options.detach:
         refusal = gate.detach_refusal or _refusals.clipping_refusal(module)

@@ -211,8 +211,6 @@ def check_layout(gate: ExecutionMode, phase: str, options: Any, by: str | None =
     """Refuse a call of ``phase`` under ``options`` (a config entry's, or a decision's) that
     asks an option for what the model's layout keeps it from; ``by``: who asked, where the
     options do not say (a config entry's)."""
-    if not (gate.full_graphs or gate.standalone):  # a plain layout, at most plans: no record
-        return
     where = layout(gate, phase)
     if where.plain:
         return
