@@ -68,6 +68,9 @@ def test_plugins_answer_the_hook_a_contributed_option_declares(install):
 
     mtp_hooks.plugins.register(Echoes(), name="echoes")
     assert hasattr(mtp_hooks.plugins.get_plugin_manager().hook, "mtp_echo")
+    # what the option's extension would call at a forward
+    assert mtp_hooks.plugins.answers("mtp_echo", model=None, phase="train") == {"echoes": True}
+    assert mtp_hooks.plugins.answers("mtp_echo", model=None, phase="eval") == {"echoes": False}
     decision = mtp_hooks.decide(None, "train")
     assert (decision.options.echo, decision.options.by("echo")) == (True, "echoes")
     assert mtp_hooks.decide(None, "eval").options.echo is False
