@@ -217,7 +217,7 @@ class _PluginBallot:
 
     def answers(self, hook: str) -> list[tuple[str, Any]]:
         self.answered = True
-        return self._registry.answers(hook, self.model, self.phase)
+        return self._registry.answers(hook, model=self.model, phase=self.phase)
 
 
 def decide(model: Any, phase: _phases.Phase | str) -> Decision:

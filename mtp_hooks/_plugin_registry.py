@@ -227,15 +227,12 @@ class PluginRegistry:
             for name, vote in self._answers("should_run_mtp", model=model, phase=phase, call=call)
         ]
 
-    def answers(self, hook: str, model: Any, phase: Any) -> list[tuple[str, Any]]:
-        """Call a policy option's ``hook`` (``mtp_loss_scale``, ``mtp_detach_heads``,
-        ``mtp_objective``) on every plugin; return ``(plugin name, answer)`` pairs, unchecked:
-        the option checks its answers (:meth:`mtp_hooks._options.Option.answer`)."""
-        return self._answers(hook, model=model, phase=phase)
-
-    def answers_of(self, hook: str, **arguments: Any) -> list[tuple[str, Any]]:
-        """Each plugin's answer to ``hook`` called with ``arguments``, by name, ``None`` for
-        an abstention (:func:`mtp_hooks.plugins.answers`)."""
+    def answers(self, hook: str, **arguments: Any) -> list[tuple[str, Any]]:
+        """Call ``hook`` with ``arguments`` on every plugin; return ``(plugin name, answer)``
+        pairs, ``None`` for an abstention, unchecked: a policy option's hook
+        (``mtp_loss_scale``, ``mtp_detach_heads``, ``mtp_objective``) is checked by its option
+        (:meth:`mtp_hooks._options.Option.answer`), and :func:`mtp_hooks.plugins.answers`
+        hands any declared hook's answers on."""
         return self._answers(hook, **arguments)
 
     def declared(self, hook: str) -> None:

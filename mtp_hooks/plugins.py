@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import Any, Final
 
 import pluggy
@@ -119,12 +120,14 @@ def answers(hook: str, **arguments: Any) -> dict[str, Any]:
     """
     found = registry()
     found.declared(hook)
-    if "model" in arguments and "phase" in arguments:
-        role = role_of(arguments["model"])
-        with about(phase=str(arguments["phase"]), role=role):
-            called = found.answers_of(hook, **arguments)
-    else:
-        called = found.answers_of(hook, **arguments)
+    named = "model" in arguments and "phase" in arguments
+    culprit = (
+        about(phase=str(arguments["phase"]), role=role_of(arguments["model"]))
+        if named
+        else nullcontext()
+    )
+    with culprit:
+        called = found.answers(hook, **arguments)
     return {name: answer for name, answer in called if answer is not None}
 
 

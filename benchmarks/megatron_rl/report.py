@@ -43,6 +43,18 @@ def median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def step_value(step: dict[str, Any], key: str) -> float | None:
+    """A step's phase timer or tokens/s, or ``step_s``: its phases' sum, where it has them all."""
+    if key != "step_s":
+        return step.get(key)
+    return sum(step[p] for p in PHASES) if all(step.get(p) is not None for p in PHASES) else None
+
+
+def median_over(steps: list[dict[str, Any]], key: str) -> float | None:
+    """The median of :func:`step_value` over ``steps``, where they have it."""
+    return median([value for s in steps if (value := step_value(s, key)) is not None])
+
+
 def summary(run: dict[str, Any]) -> dict[str, Any]:
     """Medians of the phase timers and tokens/s (step 1 left out), and what each step holds."""
     steps = run["steps"]
@@ -54,10 +66,8 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
         "complete_steps": sum(all(s.get(p) is not None for p in PHASES) for s in steps),
         "mtp_trained_steps": sum(bool(s.get("mtp_trained")) for s in steps),
     }
-    for key in (*PHASES, "tokens_per_s"):
-        out[f"median_{key}"] = median([s[key] for s in later if s.get(key) is not None])
-    step_s = [sum(s[p] for p in PHASES) for s in later if all(s.get(p) is not None for p in PHASES)]
-    out["median_step_s"] = median(step_s)
+    for key in (*PHASES, "tokens_per_s", "step_s"):
+        out[f"median_{key}"] = median_over(later, key)
     out["reward"] = [s.get("reward") for s in steps]
     out["accepted_length"] = [(s.get("spec") or {}).get("accepted_length") for s in steps]
     return out
@@ -102,18 +112,14 @@ def packing(runs: list[dict[str, Any]]) -> str:
     where no pair is alike."""
     rows = []
     for packed in runs:
-        alike = replace(kind(packed), packed=False)
         if not kind(packed).packed:
             continue
+        alike = replace(kind(packed), packed=False)
         for plain in (run for run in runs if kind(run) == alike):
             reached = min(len(packed["steps"]), len(plain["steps"]))
             cells = []
             for key in (*PHASES, "step_s", "tokens_per_s"):
-                pair = [
-                    median([value for s in run["steps"][1:reached] if (value := step_value(s, key))
-                            is not None])
-                    for run in (packed, plain)
-                ]  # fmt: skip
+                pair = [median_over(run["steps"][1:reached], key) for run in (packed, plain)]
                 shown = " / ".join("-" if v is None else f"{v:.3g}" for v in pair)
                 ratio = f" ({pair[0] / pair[1]:.2f}x)" if None not in pair and pair[1] else ""
                 cells.append(shown + ratio)
@@ -129,13 +135,6 @@ def packing(runs: list[dict[str, Any]]) -> str:
     return head + "\n" + "\n".join(rows)
 
 
-def step_value(step: dict[str, Any], key: str) -> float | None:
-    """A step's phase timer or tokens/s, or ``step_s``: its phases' sum, where it has them all."""
-    if key != "step_s":
-        return step.get(key)
-    return sum(step[p] for p in PHASES) if all(step.get(p) is not None for p in PHASES) else None
-
-
 def plot(runs: list[dict[str, Any]], path: str) -> None:
     """Reward, accepted length and step time against the step; one colour per run throughout."""
     import matplotlib
@@ -148,9 +147,8 @@ def plot(runs: list[dict[str, Any]], path: str) -> None:
     panels = (
         ("reward", lambda s: s.get("reward")),
         ("engine accepted length", lambda s: (s.get("spec") or {}).get("accepted_length")),
-        ("step time (s)", lambda s: sum(s[p] for p in PHASES)
-         if all(s.get(p) is not None for p in PHASES) else None),
-    )  # fmt: skip
+        ("step time (s)", lambda s: step_value(s, "step_s")),
+    )
     for index, run in enumerate(runs):
         colour = colours(index % 10)  # by run, the same in every panel
         for axis, (title, value) in zip(axes, panels, strict=True):

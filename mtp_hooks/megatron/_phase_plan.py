@@ -63,10 +63,10 @@ class PhasePlan:
         if not self.run:
             return []
         implements = registry().implements
-        each = _options.each("asked", lambda option: option.asked(self.options, implements))
+        per_option = _options.each("asked", lambda option: option.asked(self.options, implements))
         return [
             asked.says
-            for of_one in each
+            for of_one in per_option
             for asked in of_one
             if asked.needs_a_run or not needing_a_run
         ]

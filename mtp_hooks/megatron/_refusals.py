@@ -218,11 +218,11 @@ def check_layout(gate: ExecutionMode, phase: str, options: Any, by: str | None =
     for option, why in zip(_options.options(), refusals, strict=True):
         if why is None:
             continue
-        asker = by or options.by(option.name)
-        if by is None:
-            asker = "the policy config" if asker == "config" else f"plugin(s) {asker}"
+        if by is None:  # a decision's: the config or the plugins that set the option
+            setter = options.by(option.name)
+            by = "the policy config" if setter == "config" else f"plugin(s) {setter}"
         raise UnsupportedModelError(
-            f"mtp_hooks: {asker} asks '+{option.name}' in {phase}, but {why}.",
+            f"mtp_hooks: {by} asks '+{option.name}' in {phase}, but {why}.",
             phase=phase,
             option=f"+{option.name}",
         )
