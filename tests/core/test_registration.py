@@ -12,7 +12,7 @@ import pytest
 
 import mtp_hooks
 
-from plugin_answers import Model
+from plugin_answers import Model, answers
 
 
 def test_register_returns_the_given_name(voter):
@@ -224,19 +224,9 @@ def test_the_package_has_a_version_and_lists_it():
 
 
 def test_answers_calls_each_plugin_with_the_arguments_and_leaves_abstentions_out():
-    class Echo:
-        def __init__(self, answer):
-            self.answer, self.calls = answer, []
-
-        @mtp_hooks.plugins.hookimpl
-        def mtp_loss_scale(self, model, phase):
-            self.calls.append((model, phase))
-            return self.answer
-
     model = Model()
-    loud, quiet = Echo(0.5), Echo(None)
-    mtp_hooks.plugins.register(loud, name="loud")
-    mtp_hooks.plugins.register(quiet, name="quiet")
+    loud = answers("mtp_loss_scale", 0.5, name="loud")
+    quiet = answers("mtp_loss_scale", None, name="quiet")
     assert mtp_hooks.plugins.implements("mtp_loss_scale")
     assert not mtp_hooks.plugins.implements("mtp_loss_mask")
     found = mtp_hooks.plugins.answers("mtp_loss_scale", model=model, phase="eval")
@@ -245,14 +235,9 @@ def test_answers_calls_each_plugin_with_the_arguments_and_leaves_abstentions_out
 
 
 def test_answers_names_the_plugin_phase_and_role_of_what_a_plugin_raised():
-    class Failing:
-        @mtp_hooks.plugins.hookimpl
-        def mtp_loss_scale(self, model, phase):
-            raise RuntimeError("no schedule")
-
     model = Model()
     mtp_hooks.set_role(model, "teacher")
-    mtp_hooks.plugins.register(Failing(), name="failing")
+    answers("mtp_loss_scale", RuntimeError("no schedule"), name="failing")
     with pytest.raises(mtp_hooks.PluginError, match="'failing'.*no schedule") as raised:
         mtp_hooks.plugins.answers("mtp_loss_scale", model=model, phase="eval")
     error = raised.value
